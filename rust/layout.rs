@@ -1,0 +1,759 @@
+//! Mesh layouts as CuTe-style (size, stride) modes over the world index.
+//!
+//! The world is a 1-D range of `W` indices; `rank_map[i]` is the rank placed at index `i`
+//! (identity when absent). A mesh dimension ([`Axis`]) is a short list of modes in lexicographic
+//! order (outermost first). Element `x` of an axis with modes `(s0,d0),(s1,d1)` sits at world
+//! offset `x0*d0 + x1*d1` where `(x0, x1)` is `x` in mixed radix `(s0, s1)`.
+//!
+//! Worked example: a world of 8 ranks unflattened into `(dp=2, tp=4)` has modes
+//! `dp = 2:4`, `tp = 4:1`. Rank 6 sits at index 6 = 1*4 + 2*1, so its coordinate is (1, 2),
+//! its `tp` group is `6 - 2*1 + {0,1,2,3} = [4,5,6,7]` and its `dp` group is
+//! `6 - 1*4 + {0,4} = [2,6]`. Flattening `(dp, tp)` again coalesces `(2,4):(4,1)` into `8:1`.
+//!
+//! The copies of a layout across the world are enumerated with torch's complement: the gaps
+//! between the layout's modes, outermost (largest stride) first, so copies come in increasing
+//! order of their base offset — exactly `torch.distributed._mesh_layout._MeshLayout.remap_to_tensor`.
+//!
+//! Every layout built here from a world by unflatten / slice / flatten has modes that, together
+//! with their complement, form a mixed-radix system of `[0, W)`. That is what makes the
+//! per-rank queries O(group size): the digit of index `i` in mode `(s, d)` is `(i / d) % s`.
+
+use std::sync::{Arc, OnceLock};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::{LayoutError, Result, MAX_WORLD_SIZE};
+
+/// One (size, stride) mode over the world index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mode {
+    pub size: u64,
+    pub stride: u64,
+}
+
+impl Mode {
+    pub const fn new(size: u64, stride: u64) -> Self {
+        Mode { size, stride }
+    }
+}
+
+/// One mesh dimension: coalesced modes in lexicographic order. No modes means size 1.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Axis {
+    modes: Vec<Mode>,
+}
+
+impl Axis {
+    /// Builds an axis, coalescing as torch's `_FlatLayout` does (drops size-1 modes, merges a
+    /// mode into its inner neighbour when `inner.size * inner.stride == outer.stride`).
+    pub fn from_modes(modes: &[Mode]) -> Self {
+        Axis { modes: coalesce(modes) }
+    }
+
+    pub fn modes(&self) -> &[Mode] {
+        &self.modes
+    }
+
+    pub fn numel(&self) -> u64 {
+        self.modes.iter().map(|m| m.size).product()
+    }
+
+    /// The part of world index `i` this axis accounts for: `sum(digit * stride)`.
+    fn offset_part(&self, i: u64) -> u64 {
+        self.modes.iter().map(|m| (i / m.stride) % m.size * m.stride).sum()
+    }
+
+    /// Lexicographic coordinate of world index `i` along this axis.
+    fn coordinate(&self, i: u64) -> u64 {
+        self.modes.iter().fold(0, |c, m| c * m.size + (i / m.stride) % m.size)
+    }
+}
+
+/// torch's lexicographic `coalesce`, on a flat list of modes.
+fn coalesce(modes: &[Mode]) -> Vec<Mode> {
+    let mut out: Vec<Mode> = Vec::with_capacity(modes.len());
+    for m in modes.iter().rev() {
+        if m.size == 1 {
+            continue;
+        }
+        if let Some(inner) = out.last_mut() {
+            if inner.size * inner.stride == m.stride {
+                inner.size *= m.size;
+                continue;
+            }
+        }
+        out.push(*m);
+    }
+    out.reverse();
+    out
+}
+
+/// `axis ∘ (n : d)` for a compact right-hand layout: skip `d` elements of the axis (innermost
+/// first), then keep `n`. `None` when the sizes do not split the axis's modes evenly, which is
+/// exactly when torch's pycute composition raises.
+fn compose(axis: &[Mode], n: u64, d: u64) -> Option<Vec<Mode>> {
+    let inner_first: Vec<Mode> = axis.iter().rev().copied().collect();
+    let mut idx = 0;
+    let mut cur = inner_first.first().copied();
+    let mut rest = d;
+    while rest > 1 {
+        let m = cur?;
+        if rest % m.size == 0 {
+            rest /= m.size;
+            idx += 1;
+            cur = inner_first.get(idx).copied();
+        } else if m.size % rest == 0 {
+            cur = Some(Mode::new(m.size / rest, m.stride * rest));
+            rest = 1;
+        } else {
+            return None;
+        }
+    }
+    let mut need = n;
+    let mut out = Vec::new();
+    while need > 1 {
+        let m = cur?;
+        if need % m.size == 0 {
+            out.push(m);
+            need /= m.size;
+            idx += 1;
+            cur = inner_first.get(idx).copied();
+        } else if m.size % need == 0 {
+            out.push(Mode::new(need, m.stride));
+            need = 1;
+        } else {
+            return None;
+        }
+    }
+    out.reverse();
+    Some(coalesce(&out))
+}
+
+/// torch's lexicographic `complement` of `modes` within `[0, world)`: the gap modes, outermost first.
+fn complement(modes: &[Mode], world: u64) -> Vec<Mode> {
+    let mut sorted: Vec<Mode> = modes.iter().filter(|m| m.size > 1).copied().collect();
+    sorted.sort_by_key(|m| (m.stride, m.size));
+    let mut out = Vec::with_capacity(sorted.len() + 1);
+    let mut cur = 1u64;
+    for m in sorted {
+        out.push(Mode::new(m.stride / cur, cur));
+        cur = m.size * m.stride;
+    }
+    out.push(Mode::new(world.div_ceil(cur), cur));
+    out.reverse();
+    coalesce(&out)
+}
+
+/// Calls `f` with every offset of `modes` in lexicographic order (last mode fastest).
+fn for_each_offset(modes: &[Mode], mut f: impl FnMut(u64)) {
+    let n = modes.len();
+    if n == 0 {
+        f(0);
+        return;
+    }
+    let inner = modes[n - 1];
+    let mut digits = vec![0u64; n - 1];
+    let mut base = 0u64;
+    loop {
+        for k in 0..inner.size {
+            f(base + k * inner.stride);
+        }
+        // odometer over the outer modes
+        let mut j = n - 1;
+        loop {
+            if j == 0 {
+                return;
+            }
+            j -= 1;
+            digits[j] += 1;
+            base += modes[j].stride;
+            if digits[j] < modes[j].size {
+                break;
+            }
+            base -= modes[j].size * modes[j].stride;
+            digits[j] = 0;
+        }
+    }
+}
+
+fn offsets(modes: &[Mode]) -> Vec<u64> {
+    let mut v = Vec::with_capacity(modes.iter().map(|m| m.size as usize).product());
+    for_each_offset(modes, |o| v.push(o));
+    v
+}
+
+/// The world a family of layouts is derived from: its size and rank map (with its inverse,
+/// computed once per family and shared by every layout derived from it).
+#[derive(Debug)]
+pub struct World {
+    size: u64,
+    rank_map: Option<Box<[i32]>>,
+    inverse: Option<Box<[i32]>>,
+    digest: OnceLock<u64>,
+}
+
+impl World {
+    /// Validates the world size and the rank map (a permutation of `range(size)`).
+    /// An identity rank map is stored as none, so it compares and hashes as the default.
+    pub fn new(size: i128, rank_map: Option<&[i64]>) -> Result<World> {
+        let size = check_world_size(size)?;
+        let (rank_map, inverse) = match rank_map {
+            None => (None, None),
+            Some(map) => validate_rank_map(size, map)?,
+        };
+        Ok(World { size, rank_map, inverse, digest: OnceLock::new() })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The rank map, or `None` for the identity.
+    pub fn rank_map(&self) -> Option<&[i32]> {
+        self.rank_map.as_deref()
+    }
+
+    #[inline]
+    fn rank_at(&self, index: u64) -> i32 {
+        match &self.rank_map {
+            None => index as i32,
+            Some(m) => m[index as usize],
+        }
+    }
+
+    fn index_of(&self, rank: i128) -> Result<u64> {
+        if rank < 0 || rank >= self.size as i128 {
+            return Err(LayoutError::RankOutOfRange { rank, world_size: self.size });
+        }
+        Ok(match &self.inverse {
+            None => rank as u64,
+            Some(inv) => inv[rank as usize] as u64,
+        })
+    }
+
+    /// Stable digest of (size, rank map); 64-bit xxh3 over a little-endian encoding.
+    fn digest(&self) -> u64 {
+        *self.digest.get_or_init(|| {
+            let mut h = Xxh3::new();
+            h.update(b"rankmesh.world.v1");
+            h.update(&self.size.to_le_bytes());
+            match &self.rank_map {
+                None => h.update(&[0]),
+                Some(map) => {
+                    h.update(&[1]);
+                    let mut buf = Vec::with_capacity(4096 * 4);
+                    for chunk in map.chunks(4096) {
+                        buf.clear();
+                        for r in chunk {
+                            buf.extend_from_slice(&r.to_le_bytes());
+                        }
+                        h.update(&buf);
+                    }
+                }
+            }
+            h.digest()
+        })
+    }
+
+    fn same(&self, other: &World) -> bool {
+        std::ptr::eq(self, other) || (self.size == other.size && self.rank_map == other.rank_map)
+    }
+}
+
+fn check_world_size(size: i128) -> Result<u64> {
+    if size <= 0 {
+        return Err(LayoutError::InvalidSize { field: "world_size".into(), value: size });
+    }
+    if size > MAX_WORLD_SIZE as i128 {
+        return Err(LayoutError::Overflow {
+            field: "world_size".into(),
+            value: size.to_string(),
+            detail: format!("ranks must fit int32, so at most {MAX_WORLD_SIZE} ranks"),
+        });
+    }
+    Ok(size as u64)
+}
+
+type RankMaps = (Option<Box<[i32]>>, Option<Box<[i32]>>);
+
+fn validate_rank_map(size: u64, map: &[i64]) -> Result<RankMaps> {
+    let bad = |detail: String| LayoutError::InvalidRankMap { world_size: size, detail };
+    if map.len() as u64 != size {
+        return Err(bad(format!("it has {} entries, expected world_size = {size}", map.len())));
+    }
+    let mut inverse = vec![-1i32; size as usize];
+    let mut identity = true;
+    for (i, &r) in map.iter().enumerate() {
+        if r < 0 || r >= size as i64 {
+            return Err(bad(format!("rank_map[{i}] = {r} is outside 0..{size}")));
+        }
+        let first = inverse[r as usize];
+        if first >= 0 {
+            let mut seen = vec![false; size as usize];
+            map.iter().filter(|&&x| x >= 0 && x < size as i64).for_each(|&x| seen[x as usize] = true);
+            let missing = seen.iter().position(|&s| !s).unwrap_or(0);
+            return Err(bad(format!(
+                "rank {r} appears at indices {first} and {i}, and rank {missing} is missing"
+            )));
+        }
+        inverse[r as usize] = i as i32;
+        identity &= r == i as i64;
+    }
+    if identity {
+        return Ok((None, None));
+    }
+    let forward: Box<[i32]> = map.iter().map(|&r| r as i32).collect();
+    Ok((Some(forward), Some(inverse.into_boxed_slice())))
+}
+
+/// A mesh layout: named axes over one world. Cheap to clone (the world is shared).
+#[derive(Clone, Debug)]
+pub struct Layout {
+    world: Arc<World>,
+    axes: Vec<Axis>,
+    names: Vec<String>,
+}
+
+impl PartialEq for Layout {
+    fn eq(&self, other: &Self) -> bool {
+        self.axes == other.axes && self.names == other.names && self.world.same(&other.world)
+    }
+}
+impl Eq for Layout {}
+
+impl Layout {
+    /// The 1-D mesh of the whole world, named `"world"`.
+    pub fn world(world_size: i128, rank_map: Option<&[i64]>) -> Result<Layout> {
+        let world = Arc::new(World::new(world_size, rank_map)?);
+        Ok(Self::from_world(world))
+    }
+
+    /// The 1-D `"world"` mesh of an existing (shared) world.
+    pub fn from_world(world: Arc<World>) -> Layout {
+        let axis = Axis::from_modes(&[Mode::new(world.size, 1)]);
+        Layout { world, axes: vec![axis], names: vec!["world".into()] }
+    }
+
+    /// Rebuilds a layout from raw modes (e.g. when unpickling), validating everything.
+    pub fn from_parts(world: Arc<World>, axes: &[Vec<Mode>], names: &[String]) -> Result<Layout> {
+        if axes.len() != names.len() {
+            return Err(LayoutError::SizeMismatch {
+                field: "names".into(),
+                detail: format!("{} axes but {} names", axes.len(), names.len()),
+            });
+        }
+        check_names(names, "names")?;
+        let mut all = Vec::new();
+        for (a, modes) in axes.iter().enumerate() {
+            for m in modes {
+                if m.size == 0 || m.stride == 0 {
+                    return Err(LayoutError::InvalidLayout {
+                        field: format!("axes[{a}]"),
+                        detail: format!("mode {}:{} needs a positive size and stride", m.size, m.stride),
+                    });
+                }
+            }
+            all.extend_from_slice(modes);
+        }
+        check_tiling(&all, world.size)?;
+        let axes = axes.iter().map(|m| Axis::from_modes(m)).collect();
+        Ok(Layout { world, axes, names: names.to_vec() })
+    }
+
+    pub fn world_arc(&self) -> &Arc<World> {
+        &self.world
+    }
+
+    pub fn world_size(&self) -> u64 {
+        self.world.size
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn axes(&self) -> &[Axis] {
+        &self.axes
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.axes.len()
+    }
+
+    pub fn shape(&self) -> Vec<u64> {
+        self.axes.iter().map(Axis::numel).collect()
+    }
+
+    /// Number of ranks in one copy of this mesh.
+    pub fn numel(&self) -> u64 {
+        self.axes.iter().map(Axis::numel).product()
+    }
+
+    /// Number of copies of this mesh that tile the world.
+    pub fn num_copies(&self) -> u64 {
+        self.world.size / self.numel()
+    }
+
+    /// Resolves a dimension index (negative counts from the end, as in Python).
+    pub fn dim_index(&self, dim: i128) -> Result<usize> {
+        let n = self.axes.len() as i128;
+        let d = if dim < 0 { dim + n } else { dim };
+        if d < 0 || d >= n {
+            return Err(LayoutError::DimOutOfRange { dim, ndim: self.axes.len(), names: self.names.clone() });
+        }
+        Ok(d as usize)
+    }
+
+    /// Resolves a dimension name.
+    pub fn dim_by_name(&self, name: &str) -> Result<usize> {
+        self.names.iter().position(|n| n == name).ok_or_else(|| LayoutError::UnknownName {
+            name: name.into(),
+            available: self.names.clone(),
+        })
+    }
+
+    /// Splits dimension `dim` into `sizes` named `names`, like `DeviceMesh._unflatten`.
+    pub fn unflatten(&self, dim: usize, sizes: &[i128], names: &[String]) -> Result<Layout> {
+        let axis = self.axes.get(dim).ok_or_else(|| LayoutError::DimOutOfRange {
+            dim: dim as i128,
+            ndim: self.axes.len(),
+            names: self.names.clone(),
+        })?;
+        if sizes.is_empty() {
+            return Err(LayoutError::SizeMismatch {
+                field: "sizes".into(),
+                detail: "sizes is empty; give at least one size, e.g. (dim_size,)".into(),
+            });
+        }
+        if sizes.len() != names.len() {
+            return Err(LayoutError::SizeMismatch {
+                field: "names".into(),
+                detail: format!("got {} sizes but {} names; give one name per size", sizes.len(), names.len()),
+            });
+        }
+        let mut usizes = Vec::with_capacity(sizes.len());
+        let mut product: u64 = 1;
+        for (i, &s) in sizes.iter().enumerate() {
+            if s <= 0 {
+                return Err(LayoutError::InvalidSize { field: format!("sizes[{i}]"), value: s });
+            }
+            if s > MAX_WORLD_SIZE as i128 {
+                return Err(LayoutError::Overflow {
+                    field: format!("sizes[{i}]"),
+                    value: s.to_string(),
+                    detail: format!("a mesh dimension holds at most {MAX_WORLD_SIZE} ranks"),
+                });
+            }
+            product = product.checked_mul(s as u64).ok_or_else(|| LayoutError::Overflow {
+                field: "sizes".into(),
+                value: format!("{sizes:?}"),
+                detail: "the product of sizes does not fit 64 bits".into(),
+            })?;
+            usizes.push(s as u64);
+        }
+        if product != axis.numel() {
+            return Err(LayoutError::SizeMismatch {
+                field: "sizes".into(),
+                detail: format!(
+                    "the product of sizes {sizes:?} is {product}, but dim {:?} has size {}; \
+                     the sizes must multiply to exactly {}",
+                    self.names[dim],
+                    axis.numel(),
+                    axis.numel()
+                ),
+            });
+        }
+        let mut new_names = self.names.clone();
+        new_names.splice(dim..=dim, names.iter().cloned());
+        check_names(&new_names, "names")?;
+
+        let mut new_axes = Vec::with_capacity(sizes.len());
+        let mut inner = product;
+        for &n in &usizes {
+            inner /= n;
+            let modes = compose(axis.modes(), n, inner).ok_or_else(|| LayoutError::Incompatible {
+                field: "sizes".into(),
+                detail: format!(
+                    "sizes {sizes:?} cannot unflatten dim {:?}: its ranks form the non-uniform \
+                     strides {} (it was flattened from non-adjacent dims) and size {n} does not split \
+                     them evenly; pick sizes whose factors follow its modes",
+                    self.names[dim],
+                    describe_modes(axis.modes())
+                ),
+            })?;
+            new_axes.push(Axis { modes: modes });
+        }
+        let mut axes = self.axes.clone();
+        axes.splice(dim..=dim, new_axes);
+        Ok(Layout { world: self.world.clone(), axes, names: new_names })
+    }
+
+    /// Selects dimensions by name, like `DeviceMesh.__getitem__` (names in mesh order).
+    pub fn slice<S: AsRef<str>>(&self, names: &[S]) -> Result<Layout> {
+        if names.is_empty() {
+            return Err(LayoutError::EmptySlice { available: self.names.clone() });
+        }
+        let mut idx = Vec::with_capacity(names.len());
+        for n in names {
+            idx.push(self.dim_by_name(n.as_ref())?);
+        }
+        let owned: Vec<String> = names.iter().map(|n| n.as_ref().to_string()).collect();
+        check_names(&owned, "names")?;
+        if idx.windows(2).any(|w| w[0] > w[1]) {
+            let mut fix = idx.clone();
+            fix.sort_unstable();
+            return Err(LayoutError::SliceOrder {
+                names: owned,
+                mesh_order: self.names.clone(),
+                fix: fix.iter().map(|&i| self.names[i].clone()).collect(),
+            });
+        }
+        Ok(Layout {
+            world: self.world.clone(),
+            axes: idx.iter().map(|&i| self.axes[i].clone()).collect(),
+            names: owned,
+        })
+    }
+
+    /// A 1-D layout over all dims of this one (adjacent or not), like `DeviceMesh._flatten`.
+    /// `name` defaults to the dim names joined by `_`, as in torch.
+    pub fn flatten(&self, name: Option<&str>) -> Result<Layout> {
+        let name = name.map(str::to_string).unwrap_or_else(|| self.names.join("_"));
+        check_names(std::slice::from_ref(&name), "name")?;
+        let all: Vec<Mode> = self.axes.iter().flat_map(|a| a.modes().iter().copied()).collect();
+        Ok(Layout { world: self.world.clone(), axes: vec![Axis::from_modes(&all)], names: vec![name] })
+    }
+
+    fn all_modes(&self) -> Vec<Mode> {
+        self.axes.iter().flat_map(|a| a.modes().iter().copied()).collect()
+    }
+
+    /// The ranks of `rank`'s group along `dim` (who `get_group(dim)` connects), in mesh order.
+    /// O(group size).
+    pub fn group(&self, rank: i128, dim: usize) -> Result<Vec<i32>> {
+        let i = self.world.index_of(rank)?;
+        let axis = &self.axes[self.dim_index(dim as i128)?];
+        let base = i - axis.offset_part(i);
+        let mut out = Vec::with_capacity(axis.numel() as usize);
+        for_each_offset(axis.modes(), |o| out.push(self.world.rank_at(base + o)));
+        Ok(out)
+    }
+
+    /// The local mesh a DeviceMesh of this layout holds on `rank` (row-major, `shape()`).
+    /// O(mesh size).
+    pub fn mesh_of(&self, rank: i128) -> Result<Vec<i32>> {
+        let i = self.world.index_of(rank)?;
+        let base = i - self.axes.iter().map(|a| a.offset_part(i)).sum::<u64>();
+        let mut out = Vec::with_capacity(self.numel() as usize);
+        for_each_offset(&self.all_modes(), |o| out.push(self.world.rank_at(base + o)));
+        Ok(out)
+    }
+
+    /// `rank`'s coordinate in this mesh, as `DeviceMesh.get_coordinate()`.
+    pub fn coordinate_of(&self, rank: i128) -> Result<Vec<u64>> {
+        let i = self.world.index_of(rank)?;
+        Ok(self.axes.iter().map(|a| a.coordinate(i)).collect())
+    }
+
+    /// Which copy of the mesh (row of `groups()`) holds `rank`.
+    pub fn copy_index_of(&self, rank: i128) -> Result<u64> {
+        let i = self.world.index_of(rank)?;
+        let comp = complement(&self.all_modes(), self.world.size);
+        Ok(comp.iter().fold(0, |c, m| c * m.size + (i / m.stride) % m.size))
+    }
+
+    /// Every copy of the mesh across the world, shape `(num_copies, *shape)` flattened
+    /// row-major, in torch's order. O(W).
+    pub fn groups(&self) -> Vec<i32> {
+        let modes = self.all_modes();
+        let inner = offsets(&modes);
+        let comp = complement(&modes, self.world.size);
+        let mut out = Vec::with_capacity(self.world.size as usize);
+        match self.world.rank_map() {
+            None => for_each_offset(&comp, |base| {
+                out.extend(inner.iter().map(|&o| (base + o) as i32));
+            }),
+            Some(map) => for_each_offset(&comp, |base| {
+                out.extend(inner.iter().map(|&o| map[(base + o) as usize]));
+            }),
+        }
+        out
+    }
+
+    /// A stable 64-bit fingerprint of (world size, rank map, dims with their modes, names):
+    /// equal on every rank, every run and every platform.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Xxh3::new();
+        h.update(b"rankmesh.layout.v1");
+        h.update(&self.world.digest().to_le_bytes());
+        h.update(&(self.axes.len() as u64).to_le_bytes());
+        for (axis, name) in self.axes.iter().zip(&self.names) {
+            h.update(&(name.len() as u64).to_le_bytes());
+            h.update(name.as_bytes());
+            h.update(&(axis.modes.len() as u64).to_le_bytes());
+            for m in &axis.modes {
+                h.update(&m.size.to_le_bytes());
+                h.update(&m.stride.to_le_bytes());
+            }
+        }
+        h.digest()
+    }
+}
+
+fn describe_modes(modes: &[Mode]) -> String {
+    let s: Vec<String> = modes.iter().map(|m| m.size.to_string()).collect();
+    let d: Vec<String> = modes.iter().map(|m| m.stride.to_string()).collect();
+    format!("({}):({})", s.join(","), d.join(","))
+}
+
+fn check_names(names: &[String], field: &str) -> Result<()> {
+    for (i, n) in names.iter().enumerate() {
+        if n.is_empty() {
+            return Err(LayoutError::InvalidName {
+                field: field.into(),
+                name: n.clone(),
+                detail: "names must be non-empty strings".into(),
+            });
+        }
+        if names[..i].contains(n) {
+            return Err(LayoutError::DuplicateName { field: field.into(), name: n.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `modes` are non-overlapping and, with their complement, tile `[0, world)`.
+fn check_tiling(modes: &[Mode], world: u64) -> Result<()> {
+    let mut sorted: Vec<Mode> = modes.iter().filter(|m| m.size > 1).copied().collect();
+    sorted.sort_by_key(|m| (m.stride, m.size));
+    let mut cur = 1u64;
+    for m in &sorted {
+        let span = m.size.checked_mul(m.stride);
+        if m.stride % cur != 0 || span.is_none() {
+            return Err(LayoutError::InvalidLayout {
+                field: "axes".into(),
+                detail: format!("modes {} overlap or leave an uneven gap", describe_modes(modes)),
+            });
+        }
+        cur = span.unwrap_or(u64::MAX);
+    }
+    if cur > world || world % cur != 0 {
+        return Err(LayoutError::InvalidLayout {
+            field: "axes".into(),
+            detail: format!("modes {} do not tile a world of {world} ranks", describe_modes(modes)),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn two_by_four_doc_example() {
+        let w = Layout::world(8, None).unwrap();
+        let m = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        assert_eq!(m.shape(), vec![2, 4]);
+        assert_eq!(m.group(6, 1).unwrap(), vec![4, 5, 6, 7]);
+        assert_eq!(m.group(6, 0).unwrap(), vec![2, 6]);
+        assert_eq!(m.coordinate_of(6).unwrap(), vec![1, 2]);
+        assert_eq!(m.slice(&["dp"]).unwrap().groups(), vec![0, 4, 1, 5, 2, 6, 3, 7]);
+        assert_eq!(m.flatten(None).unwrap().axes()[0].modes(), &[Mode::new(8, 1)]);
+    }
+
+    #[test]
+    fn torch_remap_examples() {
+        // torch _mesh_layout docstring: world 4 as 2x2, layout 2:2 -> [[0,2],[1,3]]
+        let w = Layout::world(4, None).unwrap().unflatten(0, &[2, 2], &names(&["a", "b"])).unwrap();
+        assert_eq!(w.slice(&["a"]).unwrap().groups(), vec![0, 2, 1, 3]);
+        // with rank map [10,20,30,40] shifted to a permutation: [1,2,3,0]
+        let w = Layout::world(4, Some(&[1, 2, 3, 0])).unwrap();
+        let m = w.unflatten(0, &[2, 2], &names(&["a", "b"])).unwrap();
+        assert_eq!(m.slice(&["a"]).unwrap().groups(), vec![1, 3, 2, 0]);
+        assert_eq!(m.group(0, 0).unwrap(), vec![2, 0]);
+    }
+
+    #[test]
+    fn non_adjacent_flatten_and_unflatten() {
+        let w = Layout::world(8, None).unwrap();
+        let m = w.unflatten(0, &[2, 2, 2], &names(&["a", "b", "c"])).unwrap();
+        let ac = m.slice(&["a", "c"]).unwrap().flatten(Some("ac")).unwrap();
+        assert_eq!(ac.groups(), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+        let xy = ac.unflatten(0, &[2, 2], &names(&["x", "y"])).unwrap();
+        assert_eq!(xy.slice(&["x"]).unwrap().group(5, 0).unwrap(), vec![1, 5]);
+        // (2,3):(9,1) cannot be split as (3,2)
+        let w = Layout::world(18, None).unwrap();
+        let m = w.unflatten(0, &[2, 3, 3], &names(&["a", "b", "c"])).unwrap();
+        let ac = m.slice(&["a", "c"]).unwrap().flatten(None).unwrap();
+        let e = ac.unflatten(0, &[3, 2], &names(&["x", "y"])).unwrap_err();
+        assert_eq!(e.kind(), "IncompatibleLayoutError");
+    }
+
+    #[test]
+    fn offsets_are_lexicographic() {
+        let modes = [Mode::new(2, 8), Mode::new(3, 1)];
+        assert_eq!(offsets(&modes), vec![0, 1, 2, 8, 9, 10]);
+        assert_eq!(offsets(&[]), vec![0]);
+    }
+
+    #[test]
+    fn complement_matches_torch() {
+        // torch: complement((4:1), 8) == (2:4) ; complement((2:4), 8) == (4:1)
+        assert_eq!(complement(&[Mode::new(4, 1)], 8), vec![Mode::new(2, 4)]);
+        assert_eq!(complement(&[Mode::new(2, 4)], 8), vec![Mode::new(4, 1)]);
+        // gaps on both sides, outermost first: (2:2) in 16 -> (4,2):(4,1)
+        assert_eq!(complement(&[Mode::new(2, 2)], 16), vec![Mode::new(4, 4), Mode::new(2, 1)]);
+    }
+
+    #[test]
+    fn bad_inputs_are_typed() {
+        assert_eq!(Layout::world(0, None).unwrap_err().kind(), "InvalidSizeError");
+        assert_eq!(Layout::world(1 << 31, None).unwrap_err().kind(), "LayoutOverflowError");
+        assert_eq!(Layout::world(3, Some(&[0, 1, 1])).unwrap_err().kind(), "InvalidRankMapError");
+        assert_eq!(Layout::world(3, Some(&[0, 1])).unwrap_err().kind(), "InvalidRankMapError");
+        assert_eq!(Layout::world(3, Some(&[0, 1, 3])).unwrap_err().kind(), "InvalidRankMapError");
+        let w = Layout::world(8, None).unwrap();
+        assert_eq!(w.unflatten(0, &[2, 0, 4], &names(&["a", "b", "c"])).unwrap_err().field(), "sizes[1]");
+        assert_eq!(w.unflatten(0, &[2, 2], &names(&["a", "b"])).unwrap_err().kind(), "SizeMismatchError");
+        assert_eq!(w.unflatten(0, &[2, 4], &names(&["a", "a"])).unwrap_err().kind(), "DuplicateNameError");
+        assert_eq!(w.unflatten(0, &[2, 4], &names(&["a"])).unwrap_err().kind(), "SizeMismatchError");
+        let big = (1i128 << 31) - 1;
+        assert_eq!(
+            w.unflatten(0, &[big, big, big], &names(&["a", "b", "c"])).unwrap_err().kind(),
+            "LayoutOverflowError"
+        );
+        let m = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        assert_eq!(m.slice(&["tp", "dp"]).unwrap_err().kind(), "SliceOrderError");
+        assert_eq!(m.slice(&["pp"]).unwrap_err().kind(), "UnknownNameError");
+        assert_eq!(m.slice::<&str>(&[]).unwrap_err().kind(), "EmptySliceError");
+        assert_eq!(m.slice(&["dp", "dp"]).unwrap_err().kind(), "DuplicateNameError");
+        assert_eq!(m.group(8, 0).unwrap_err().kind(), "RankOutOfRangeError");
+        assert_eq!(m.group(-1, 0).unwrap_err().kind(), "RankOutOfRangeError");
+        assert_eq!(m.dim_index(2).unwrap_err().kind(), "DimOutOfRangeError");
+        assert_eq!(m.dim_index(-1).unwrap(), 1);
+    }
+
+    #[test]
+    fn fingerprint_is_stable_and_sensitive() {
+        let w = Layout::world(8, None).unwrap();
+        let a = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        let b = Layout::world(8, Some(&[0, 1, 2, 3, 4, 5, 6, 7])).unwrap().unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        let c = w.unflatten(0, &[4, 2], &names(&["dp", "tp"])).unwrap();
+        let d = w.unflatten(0, &[2, 4], &names(&["dp", "cp"])).unwrap();
+        let e = Layout::world(8, Some(&[1, 0, 2, 3, 4, 5, 6, 7])).unwrap().unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        for x in [&c, &d, &e] {
+            assert_ne!(a.fingerprint(), x.fingerprint());
+        }
+        // pinned value: the fingerprint must not change across releases or platforms
+        assert_eq!(a.fingerprint(), PINNED_FINGERPRINT);
+    }
+
+    const PINNED_FINGERPRINT: u64 = 2829958925554225088;
+}
