@@ -1,0 +1,1 @@
+//! Property laws of the layout algebra (proptest).
