@@ -481,7 +481,7 @@ impl Layout {
                     describe_modes(axis.modes())
                 ),
             })?;
-            new_axes.push(Axis { modes: modes });
+            new_axes.push(Axis { modes });
         }
         let mut axes = self.axes.clone();
         axes.splice(dim..=dim, new_axes);

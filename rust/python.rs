@@ -90,7 +90,8 @@ fn rank_map_arg<'py>(
         to_pyerr(py, &LayoutError::InvalidRankMap { world_size: world_size.max(0) as u64, detail })
     };
     let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
-    if !(kind == "i" || kind == "u") {
+    let empty = arr.getattr("size")?.extract::<usize>()? == 0;
+    if !(kind == "i" || kind == "u" || empty) {
         let dtype = arr.getattr("dtype")?.str()?.to_string();
         return Err(bad(format!("it must hold integers, got dtype {dtype}")));
     }

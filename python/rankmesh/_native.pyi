@@ -1,0 +1,145 @@
+"""Type stubs for ``rankmesh._native``, the PyO3 extension built from ``rust/python.rs``.
+
+Import the public names from :mod:`rankmesh` instead. Every method that can fail raises a
+subclass of :class:`rankmesh.errors.RankmeshError` (a ``ValueError``) naming the offending
+field and value; a panic in the Rust core surfaces as :class:`rankmesh.errors.InternalError`.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Final, SupportsIndex, final
+
+import numpy as np
+import numpy.typing as npt
+
+_Int = int | SupportsIndex
+_Dim = str | _Int
+_RankMap = npt.ArrayLike
+
+MAX_WORLD_SIZE: Final[int]
+"""Largest world size accepted: torch stores ranks as int32, so ``2**31 - 1``."""
+
+@final
+class MeshLayout:
+    """An immutable DeviceMesh rank layout over one world.
+
+    Each dim is a short list of CuTe-style ``(size, stride)`` modes over the world index, like
+    torch's ``_MeshLayout``; ``rank_map[i]`` is the rank placed at world index ``i``. Layouts are
+    values: they compare equal, hash and pickle by (world size, rank map, modes, names).
+
+    >>> m = MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp"))
+    >>> m.group(6, "tp").tolist(), m.group(6, "dp").tolist(), m.coordinate_of(6)
+    ([4, 5, 6, 7], [2, 6], (1, 2))
+    """
+
+    @staticmethod
+    def world(world_size: _Int, rank_map: _RankMap | None = None) -> MeshLayout:
+        """The 1-D mesh of ``world_size`` ranks named ``"world"``.
+
+        ``rank_map[i]`` is the rank at index ``i``: a 1-D integer permutation of
+        ``range(world_size)`` (list, numpy array or tensor). An identity map is the same as none.
+
+        Raises:
+            InvalidSizeError: ``world_size <= 0``.
+            LayoutOverflowError: ``world_size > MAX_WORLD_SIZE``.
+            InvalidRankMapError: ``rank_map`` is not a 1-D integer permutation of the world.
+        """
+
+    def unflatten(self, dim: _Dim, sizes: Sequence[_Int], names: Sequence[str]) -> MeshLayout:
+        """Splits ``dim`` (name or index) into ``sizes`` named ``names``, like
+        ``DeviceMesh._unflatten``; works on any dim, including ones from an earlier flatten.
+
+        Raises:
+            InvalidSizeError: a size ``<= 0`` (``field`` is e.g. ``"sizes[1]"``).
+            SizeMismatchError: the sizes do not multiply to the dim's size, or
+                ``len(sizes) != len(names)``.
+            LayoutOverflowError: a size or the product of sizes overflows.
+            IncompatibleLayoutError: the sizes cannot split a dim flattened from non-adjacent
+                dims (torch's pycute raises there too).
+            DuplicateNameError, InvalidNameError, UnknownNameError, DimOutOfRangeError.
+        """
+
+    def __getitem__(self, key: str | tuple[str, ...] | list[str]) -> MeshLayout:
+        """Slices by one name or a tuple of names, in mesh order, like ``DeviceMesh.__getitem__``.
+
+        Raises:
+            UnknownNameError (also a ``KeyError``), SliceOrderError, EmptySliceError,
+            DuplicateNameError.
+        """
+
+    def flatten(self, name: str | None = None) -> MeshLayout:
+        """A 1-D layout over all dims of this one (adjacent or not), like
+        ``DeviceMesh._flatten``; ``name`` defaults to the dim names joined by ``"_"``."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The size of every dim, like ``DeviceMesh.shape``."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The dim names, like ``DeviceMesh.mesh_dim_names``."""
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in the world this layout is over."""
+
+    @property
+    def num_copies(self) -> int:
+        """Number of copies of this mesh that tile the world (rows of :meth:`groups`)."""
+
+    def size(self, dim: _Dim | None = None) -> int:
+        """Ranks in one copy of the mesh, or the size of one dim, like ``DeviceMesh.size()``."""
+
+    def modes(self, dim: _Dim) -> list[tuple[int, int]]:
+        """The ``(size, stride)`` modes of one dim over the world index (torch's
+        ``_layout[dim]`` as ``zip(shape, stride)``); empty for a dim of size 1."""
+
+    def rank_map(self) -> npt.NDArray[np.int32] | None:
+        """The rank map as a new int32 array, or ``None`` for the identity."""
+
+    def mesh_of(self, rank: _Int) -> npt.NDArray[np.int32]:
+        """The local mesh a DeviceMesh of this layout holds on ``rank`` (``DeviceMesh.mesh``):
+        int32 array of :attr:`shape`. O(mesh size).
+
+        Raises:
+            RankOutOfRangeError: ``rank`` is not in ``range(world_size)``.
+        """
+
+    def coordinate_of(self, rank: _Int) -> tuple[int, ...]:
+        """``rank``'s coordinate in its mesh, as ``DeviceMesh.get_coordinate()`` on that rank."""
+
+    def group(self, rank: _Int, dim: _Dim) -> npt.NDArray[np.int32]:
+        """The ranks of ``rank``'s group in ``dim`` (who ``get_group(dim)`` connects), in mesh
+        order: int32 1-D array. O(group size)."""
+
+    def copy_index_of(self, rank: _Int) -> int:
+        """Which copy of the mesh (row of :meth:`groups`) holds ``rank``."""
+
+    def groups(self) -> npt.NDArray[np.int32]:
+        """Every copy of the mesh: int32 array ``(world_size // size(), *shape)`` in torch's
+        order, equal to ``_MeshLayout.remap_to_tensor(rank_map)``. O(world size)."""
+
+    def fingerprint(self) -> int:
+        """A stable 64-bit hash of (world size, rank map, dims, names): equal on every rank,
+        every run and every platform, so ranks can check that they agree."""
+
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __repr__(self) -> str: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+def _restore(
+    world_size: _Int,
+    rank_map: _RankMap | None,
+    axes: Sequence[Sequence[tuple[int, int]]],
+    names: Sequence[str],
+) -> MeshLayout:
+    """Rebuilds a pickled MeshLayout from its parts, validating every part
+    (``InvalidLayoutError`` when the modes do not tile the world)."""
+
+def _panic_for_test() -> None:
+    """Test hook: panics inside the FFI guard; raises :class:`rankmesh.errors.InternalError`."""
