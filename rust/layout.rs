@@ -528,6 +528,18 @@ impl Layout {
         self.axes.iter().flat_map(|a| a.modes().iter().copied()).collect()
     }
 
+    /// Canonical modes of one dim's partition of the world: equal keys (over one world) mean
+    /// equal sets of groups, whatever the order of ranks inside a group. A group is the set of
+    /// translates of `{sum(x_k * stride_k)}`, which does not depend on the order of the modes,
+    /// so the key is the modes sorted by stride with adjacent ones merged. E.g. `dp x tp` of 8
+    /// ranks flattened as `(tp, dp)` has modes `(4:1),(2:4)`; its key is `[(8:1)]`, the world.
+    pub fn partition_key(&self, dim: usize) -> Result<Vec<Mode>> {
+        let axis = &self.axes[self.dim_index(dim as i128)?];
+        let mut sorted = axis.modes().to_vec();
+        sorted.sort_by_key(|m| std::cmp::Reverse(m.stride));
+        Ok(coalesce(&sorted))
+    }
+
     /// The ranks of `rank`'s group along `dim` (who `get_group(dim)` connects), in mesh order.
     /// O(group size).
     pub fn group(&self, rank: i128, dim: usize) -> Result<Vec<i32>> {
@@ -692,6 +704,18 @@ mod tests {
         let ac = m.slice(&["a", "c"]).unwrap().flatten(None).unwrap();
         let e = ac.unflatten(0, &[3, 2], &names(&["x", "y"])).unwrap_err();
         assert_eq!(e.kind(), "IncompatibleLayoutError");
+    }
+
+    #[test]
+    fn partition_key_ignores_mode_order() {
+        let w = Layout::world(8, None).unwrap();
+        let m = w.unflatten(0, &[2, 2, 2], &names(&["a", "b", "c"])).unwrap();
+        let ac = m.slice(&["a", "c"]).unwrap().flatten(None).unwrap();
+        assert_eq!(ac.partition_key(0).unwrap(), vec![Mode::new(2, 4), Mode::new(2, 1)]);
+        let full = m.flatten(None).unwrap();
+        assert_eq!(full.partition_key(0).unwrap(), vec![Mode::new(8, 1)]);
+        let tp_dp = Layout::from_parts(w.world_arc().clone(), &[vec![Mode::new(4, 1), Mode::new(2, 4)]], &names(&["x"])).unwrap();
+        assert_eq!(tp_dp.partition_key(0).unwrap(), vec![Mode::new(8, 1)]);
     }
 
     #[test]

@@ -236,6 +236,15 @@ impl PyMeshLayout {
         Ok(self.inner.axes()[d].modes().iter().map(|m| (m.size, m.stride)).collect())
     }
 
+    /// Canonical (size, stride) modes of one dim's partition of the world, outermost first:
+    /// two dims of one world with equal keys have the same groups (as sets of ranks).
+    fn partition_key(&self, py: Python<'_>, dim: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
+        let d = self.dim_arg(py, dim)?;
+        let inner = &self.inner;
+        let key = guarded(py, || inner.partition_key(d))?;
+        Ok(key.iter().map(|m| (m.size, m.stride)).collect())
+    }
+
     /// The rank map as an int32 array, or None for the identity.
     fn rank_map<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<i32>>> {
         self.inner.world_arc().rank_map().map(|m| PyArray1::from_slice(py, m))

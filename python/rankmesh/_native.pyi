@@ -97,6 +97,11 @@ class MeshLayout:
         """The ``(size, stride)`` modes of one dim over the world index (torch's
         ``_layout[dim]`` as ``zip(shape, stride)``); empty for a dim of size 1."""
 
+    def partition_key(self, dim: _Dim) -> list[tuple[int, int]]:
+        """Canonical ``(size, stride)`` modes of one dim's partition of the world, outermost
+        first: two dims of one world with equal keys have the same groups as sets of ranks
+        (e.g. one process group can serve both)."""
+
     def rank_map(self) -> npt.NDArray[np.int32] | None:
         """The rank map as a new int32 array, or ``None`` for the identity."""
 

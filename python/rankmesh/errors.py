@@ -33,6 +33,12 @@ __all__ = [
     "IncompatibleLayoutError",
     "InvalidLayoutError",
     "InternalError",
+    "ParallelConfigError",
+    "TopologyError",
+    "DistributedStateError",
+    "ConfigMismatchError",
+    "ConsistencyTimeoutError",
+    "ParallelDimsError",
 ]
 
 
@@ -114,3 +120,60 @@ class InvalidLayoutError(RankmeshError):
 
 class InternalError(RankmeshError):
     """A bug in rankmesh (a Rust panic caught at the FFI boundary). Please report it."""
+
+
+class ParallelConfigError(RankmeshError, RuntimeError):
+    """Parallel degrees or conventions that do not fit together: a world not divisible by the
+    model-parallel product, ep and cp both > 1 in one Megatron ``RankGenerator``, an order string
+    that leaves out a dim of size > 1, expert and dense pipeline groups that differ, cp in the
+    single-mesh convention. Also a :class:`RuntimeError`, which Megatron-core raises in the same
+    situations, so code written against it keeps catching them."""
+
+
+class TopologyError(RankmeshError):
+    """A layout that does not fit the hardware: in strict mode, a bandwidth-hungry dim (tp always;
+    ep and cp when asked) whose groups span nodes; a host list that cannot describe the nodes
+    (hosts with different numbers of ranks); a world that is not a whole number of nodes."""
+
+
+class DistributedStateError(RankmeshError, RuntimeError):
+    """torch.distributed is not in the state a mesh needs: no default process group, a default
+    group whose world size differs from the layout's, or a layout from another world."""
+
+
+class ConfigMismatchError(RankmeshError, RuntimeError):
+    """Ranks disagree on the parallel configuration (their fingerprints differ), found by
+    :func:`rankmesh.check_consistency` before any process group is created.
+
+    Attributes (besides ``field``/``value``): ``fingerprint`` (this rank's), ``min_fingerprint``
+    and ``max_fingerprint`` (the extremes over all ranks; ``None`` when unknown, e.g. after a
+    timeout).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        field: str = "",
+        value: str = "",
+        fingerprint: int | None = None,
+        min_fingerprint: int | None = None,
+        max_fingerprint: int | None = None,
+    ) -> None:
+        super().__init__(message, field, value)
+        self.fingerprint = fingerprint
+        self.min_fingerprint = min_fingerprint
+        self.max_fingerprint = max_fingerprint
+
+    def __reduce__(self):
+        args = (self.message, self.field, self.value, self.fingerprint, self.min_fingerprint, self.max_fingerprint)
+        return (type(self), args)
+
+
+class ConsistencyTimeoutError(ConfigMismatchError, TimeoutError):
+    """Not every rank reached the consistency check in time: a rank crashed, is stuck, or runs a
+    different code path (e.g. failed validation of its own, different, configuration)."""
+
+
+class ParallelDimsError(RankmeshError, AssertionError):
+    """Invalid parallelism degrees for :class:`rankmesh.ParallelDims`. Also an
+    ``AssertionError`` (and a ``ValueError``), which is what torchtitan's ``ParallelDims`` raises."""

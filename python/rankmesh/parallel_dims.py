@@ -1,0 +1,415 @@
+"""A drop-in for torchtitan's ``ParallelDims`` (torchtitan commit 183a0d2, "Use new DeviceMesh
+unflatten to rewrite parallel_dims") that builds the same meshes in O(group size) per rank.
+
+torchtitan unflattens a 1-D world mesh three times and flattens one submesh; on every rank torch
+then materialises every group of every dim and calls ``new_group`` once per subgroup of the job,
+several times over for the dims the meshes share (pp, dp_replicate, tp). Here the same meshes
+come from rankmesh layouts and one :class:`~rankmesh.torch_layer.MeshBuilder`: each rank creates
+only its own groups, one per distinct partition of the world.
+
+The meshes (names and semantics as in torchtitan)::
+
+    world        [world]                                   the default group
+    dataloading  [pp, batch, cp, tp]                       batch = dp_replicate * dp_shard (fake)
+    loss         [loss_mesh] = flatten(batch, cp)
+    dense        [pp, dp_replicate, fsdp, tp]              fsdp = dp_shard * cp
+    sparse       [pp, dp_replicate, efsdp, ep, etp]        efsdp = fsdp * tp / (ep * etp)
+
+Dims of size 1, ``batch``, and ``efsdp`` while ``ep == 1`` get ``fake``-backend groups. Example,
+on each of 8 ranks (after ``dist.init_process_group(...)``)::
+
+    >>> pd = ParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=1, etp=1, world_size=8)
+    >>> world_mesh = pd.build_mesh(device_type="cpu")  # doctest: +SKIP
+    >>> pd.get_mesh(["dp_replicate", "fsdp"]).shape  # doctest: +SKIP
+    (2, 2)
+    >>> sorted(pd.get_all_one_dimensional_meshes())  # doctest: +SKIP
+    ['batch', 'dp_replicate', 'efsdp', 'fsdp', 'loss', 'tp']
+    >>> print(pd.build_report)  # doctest: +SKIP
+    7 process groups created (4 gloo via new_group, 3 fake) for 15 mesh dims; 1 dim reuses the default group, 7 dims share a group created earlier
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import operator
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from rankmesh._native import MeshLayout
+from rankmesh.errors import ParallelDimsError, RankmeshError, UnknownNameError
+from rankmesh.torch_layer import BuildReport, MeshBuilder
+from rankmesh.torch_layer import check_consistency as _check_consistency
+
+__all__ = ["ParallelDims"]
+
+logger = logging.getLogger("rankmesh")
+
+GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
+    "dataloading": ("pp", "batch", "cp", "tp"),
+    "dense": ("pp", "dp_replicate", "fsdp", "tp"),
+    "sparse": ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+}
+LOSS_DIM_NAME = "loss_mesh"  # torchtitan's name for the flattened (batch, cp) dim
+
+
+def _default_device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class ParallelDims:
+    """Parallelism degrees and the device meshes they define (torchtitan's ``ParallelDims``).
+
+    ``dp_shard=-1`` takes what the other degrees leave of ``world_size``. Invalid degrees raise
+    :class:`~rankmesh.errors.ParallelDimsError`, which is also an ``AssertionError`` (what
+    torchtitan raises) and a ``ValueError``.
+    """
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+    ep: int
+    etp: int
+    world_size: int
+
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict)
+    _world_mesh: DeviceMesh | None = None
+    _global_meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _builder: MeshBuilder | None = field(default=None, init=False, repr=False, compare=False)
+    _layouts: dict[str, MeshLayout] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # -- validation --------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        names = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp", "world_size")
+        for name in names:
+            v = getattr(self, name)
+            try:
+                setattr(self, name, operator.index(v))
+            except TypeError:
+                raise ParallelDimsError(
+                    f"{name} must be an int, got {v!r} ({type(v).__name__})", name, repr(v)
+                ) from None
+        dp_replicate, dp_shard, cp, tp, pp, ep, etp = (
+            self.dp_replicate,
+            self.dp_shard,
+            self.cp,
+            self.tp,
+            self.pp,
+            self.ep,
+            self.etp,
+        )
+        for name in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
+            d = getattr(self, name)
+            if d < 1:
+                raise ParallelDimsError(
+                    f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; "
+                    "use 1 to disable a parallelism",
+                    name,
+                    str(d),
+                )
+        if not (dp_shard == -1 or dp_shard >= 1):
+            raise ParallelDimsError(
+                f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank "
+                "the other degrees leave",
+                "dp_shard",
+                str(dp_shard),
+            )
+        if dp_shard < 0:
+            self.dp_shard = dp_shard = self.world_size // (dp_replicate * cp * tp * pp)
+            if dp_shard < 1:
+                raise ParallelDimsError(
+                    f"dp_shard = -1 leaves no rank for FSDP: world_size = {self.world_size} is "
+                    f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}",
+                    "dp_shard",
+                    "-1",
+                )
+        product = dp_replicate * dp_shard * cp * tp * pp
+        if product != self.world_size:
+            raise ParallelDimsError(
+                f"Invalid parallel dims: dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * "
+                f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({self.world_size}); the degrees "
+                f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",
+                "world_size",
+                str(self.world_size),
+            )
+        if ep > 1 and etp not in (tp, 1):
+            raise ParallelDimsError(
+                f"Currently we only support ETP=TP or ETP=1: etp = {etp} with tp = {tp} and "
+                f"ep = {ep}; set etp to 1 or to tp",
+                "etp",
+                str(etp),
+            )
+        sparse = dp_shard * cp * tp
+        if sparse % (ep * etp) != 0:
+            raise ParallelDimsError(
+                f"ep * etp = {ep} * {etp} = {ep * etp} must divide dp_shard * cp * tp = "
+                f"{dp_shard} * {cp} * {tp} = {sparse}: the MoE (sparse) mesh splits those ranks "
+                f"into efsdp x ep x etp; choose ep (and etp) so that ep * etp divides {sparse}",
+                "ep",
+                str(ep),
+            )
+
+    def _mesh_exist(self, name: str, degree: int) -> bool:
+        if name == "efsdp":
+            # As torchtitan: efsdp exists whenever ep > 1 (MoE layers are FSDP-wrapped for
+            # mixed precision), even at degree 1.
+            return self.ep > 1
+        return degree > 1
+
+    # -- layouts -----------------------------------------------------------------------------
+
+    def _degrees(self) -> dict[str, int]:
+        fsdp = self.dp_shard * self.cp
+        return {
+            "pp": self.pp,
+            "batch": self.dp_replicate * self.dp_shard,
+            "loss": self.dp_replicate * self.dp_shard * self.cp,
+            "dp_replicate": self.dp_replicate,
+            "fsdp": fsdp,
+            "cp": self.cp,
+            "tp": self.tp,
+            "ep": self.ep,
+            "efsdp": fsdp * self.tp // (self.etp * self.ep),
+            "etp": self.etp,
+        }
+
+    @property
+    def layouts(self) -> dict[str, MeshLayout]:
+        """The rankmesh layouts of the meshes: ``world``, ``dataloading``, ``loss``, ``dense``,
+        ``sparse`` (pure functions of the degrees; no process group involved)."""
+        if self._layouts is None:
+            deg = self._degrees()
+            world = MeshLayout.world(self.world_size)
+            out = {"world": world}
+            for mesh_name, dims in GLOBAL_MESH_DIMS.items():
+                out[mesh_name] = world.unflatten("world", tuple(deg[d] for d in dims), dims)
+            out["loss"] = out["dataloading"]["batch", "cp"].flatten(LOSS_DIM_NAME)
+            self._layouts = {k: out[k] for k in ("world", "dataloading", "loss", "dense", "sparse")}
+        return self._layouts
+
+    @property
+    def fingerprint(self) -> int:
+        """A stable 64-bit fingerprint of the configuration (world size and every mesh layout):
+        equal on every rank that builds the same meshes."""
+        h = hashlib.blake2b(b"rankmesh.parallel_dims.v1", digest_size=8)
+        for name, layout in self.layouts.items():
+            h.update(name.encode())
+            h.update(struct.pack("<Q", layout.fingerprint()))
+        return int.from_bytes(h.digest(), "little")
+
+    def _fake_dims(self, names: tuple[str, ...], sizes: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(n for n, s in zip(names, sizes) if n == "batch" or not self._mesh_exist(n, s))
+
+    # -- building ------------------------------------------------------------------------------
+
+    def build_mesh(
+        self,
+        device_type: str | None = None,
+        *,
+        check_consistency: bool = False,
+        consistency_timeout: float = 300.0,
+    ) -> DeviceMesh:
+        """Build every mesh (once; later calls return the same world mesh) and return the world mesh.
+
+        Args:
+            device_type: the meshes' device type; default ``"cuda"`` if available, else ``"cpu"``.
+            check_consistency: first prove, in one tiny collective over the world, that every
+                rank has the same configuration; raises
+                :class:`~rankmesh.errors.ConfigMismatchError` on every rank otherwise (instead of
+                hanging in group creation).
+            consistency_timeout: seconds every rank has to reach that check.
+        """
+        if self._world_mesh is not None and self._meshes:
+            if device_type is not None and device_type != self._world_mesh.device_type:
+                raise RankmeshError(
+                    f"the meshes were already built for device_type={self._world_mesh.device_type!r}; "
+                    f"cannot rebuild them for {device_type!r}. Build once, with the device type you need",
+                    "device_type",
+                    device_type,
+                )
+            return self._world_mesh
+        device_type = device_type or _default_device_type()
+        t0 = time.perf_counter()
+        logger.info(
+            "Building device mesh with parallelism: pp=%d, dp_replicate=%d, dp_shard=%d, cp=%d, "
+            "tp=%d, ep=%d, etp=%d",
+            self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
+        )  # fmt: skip
+        layouts = self.layouts
+        builder = MeshBuilder(layouts["world"], device_type=device_type)
+        if check_consistency:
+            _check_consistency(self.fingerprint, timeout=consistency_timeout)
+
+        world_mesh = builder.device_mesh(layouts["world"])
+        global_meshes: dict[str, DeviceMesh] = {}
+        for name in ("dataloading", "loss", "dense", "sparse"):
+            layout = layouts[name]
+            fake = self._fake_dims(tuple(layout.names), tuple(layout.shape))
+            if name == "loss":
+                fake = ()  # torchtitan flattens with the default backend (size 1 is fake anyway)
+            global_meshes[name] = builder.device_mesh(layout, fake_dims=fake)
+        dl, loss, dense, sparse = (global_meshes[k] for k in ("dataloading", "loss", "dense", "sparse"))
+        # The 1-D meshes are torch slices of the global meshes, as in torchtitan: they share the
+        # global mesh's rank map, which FSDP2 needs to concatenate a DP mesh with a TP/EP mesh.
+        meshes = {
+            "pp": dl["pp"],
+            "batch": dl["batch"],
+            "loss": loss,
+            "dp_replicate": dense["dp_replicate"],
+            "fsdp": dense["fsdp"],
+            "cp": dl["cp"],
+            "tp": dl["tp"],
+            "ep": sparse["ep"],
+            "efsdp": sparse["efsdp"],
+            "etp": sparse["etp"],
+        }
+        self._builder = builder
+        self._global_meshes = global_meshes
+        self._meshes = meshes
+        self._world_mesh = world_mesh
+        self._validate_meshes()
+        logger.info(
+            "Successfully created meshes with active dimensions: %s in %.1f ms (%s)",
+            list(self.get_all_one_dimensional_meshes().keys()),
+            (time.perf_counter() - t0) * 1e3,
+            builder.report(),
+        )
+        return world_mesh
+
+    def _validate_meshes(self) -> None:
+        expected = self._degrees()
+        for name, size in expected.items():
+            actual = self._meshes[name].size()
+            if actual != size:  # pragma: no cover - would be a rankmesh bug
+                raise AssertionError(f"Mesh '{name}' has unexpected size: expected {size}, got {actual}")
+
+    @property
+    def build_report(self) -> BuildReport | None:
+        """Process groups this rank created for the meshes, by backend (None before the build)."""
+        return None if self._builder is None else self._builder.report()
+
+    # -- access (torchtitan's API) --------------------------------------------------------------
+
+    def get_optional_mesh(self, dims: str | list[str]) -> DeviceMesh | None:
+        """The mesh of one dim name or of several (in mesh order, inside one of the global
+        meshes), or None when a named parallelism is disabled (size 1; efsdp: ep == 1).
+        Builds the meshes on first use. Unknown names and combinations that no global mesh holds
+        raise ``ValueError``."""
+        if not self._meshes:
+            self.build_mesh()
+        if isinstance(dims, str):
+            dims = [dims]
+        for mesh_name in dims:
+            if mesh_name not in self._meshes:
+                raise UnknownNameError(
+                    f"Invalid mesh dim: '{mesh_name}'. Valid dimensions are: {list(self._meshes.keys())}",
+                    "dims",
+                    str(mesh_name),
+                )
+        if any(not self._mesh_exist(d, self._meshes[d].size()) for d in dims):
+            return None
+        if len(dims) == 1:
+            return self._meshes[dims[0]]
+        for global_mesh in self._global_meshes.values():
+            names = global_mesh.mesh_dim_names
+            assert names is not None
+            if not set(dims).issubset(set(names)):
+                continue
+            return global_mesh[tuple(dims)]
+        raise RankmeshError(
+            f"Invalid mesh name combinations {dims}. Names used together must all belong to one "
+            f"of the meshes {[tuple(m.mesh_dim_names or ()) for m in self._global_meshes.values()]}",
+            "dims",
+            str(dims),
+        )
+
+    def get_mesh(self, dims: str | list[str]) -> DeviceMesh:
+        """As :meth:`get_optional_mesh`, but raises ``ValueError`` instead of returning None."""
+        mesh = self.get_optional_mesh(dims)
+        if mesh is None:
+            enabled_str = "enabled (size > 1)" if isinstance(dims, str) else "all enabled"
+            raise RankmeshError(
+                f"Mesh '{dims}' is not available. Ensure the corresponding parallelism dimension is {enabled_str}.",
+                "dims",
+                str(dims),
+            )
+        return mesh
+
+    def get_all_one_dimensional_meshes(self) -> dict[str, DeviceMesh]:
+        """Every 1-D mesh of size > 1, by name (fake-backed ones such as ``batch`` included)."""
+        if not self._meshes:
+            self.build_mesh()
+        return {k: v for k, v in self._meshes.items() if v.ndim == 1 and v.size() > 1}
+
+    @property
+    def world_mesh(self) -> DeviceMesh:
+        if self._world_mesh is None:
+            self._world_mesh = self.build_mesh()
+        return self._world_mesh
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp_replicate > 1 or self.dp_shard > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def dp_cp_enabled(self) -> bool:
+        return self.dp_enabled or self.cp_enabled
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard_enabled or self.cp_enabled
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def etp_enabled(self) -> bool:
+        return self.etp > 1
+
+    @property
+    def fsdp_gradient_divide_factor(self) -> int:
+        # FSDP-sharded experts are sharded over efsdp, but gradients are averaged over all data
+        # parallel ranks, as for the dense parameters.
+        return self.dp_replicate * self.dp_shard * self.cp
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        return self.cp * self.tp * self.pp
+
+    @property
+    def seq_len_divisor(self) -> int:
+        # Sequence parallel needs seq_len divisible by tp; load-balanced context parallel by 2 * cp.
+        return self.tp * (self.cp * 2)

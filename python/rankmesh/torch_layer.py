@@ -1,0 +1,452 @@
+"""Real process groups and ``DeviceMesh`` objects for the calling rank, from rankmesh layouts.
+
+A rank needs only its own group in each mesh dimension, so :class:`MeshBuilder` asks the layout
+for exactly that group (O(group size)) and creates it with the strategy that cannot hang and
+scales (see DESIGN.md, "Python layer"):
+
+- default group bound to a device (NCCL eager init): ``split_group(default, [my_group])``; every
+  rank of the world makes one such call per distinct partition;
+- otherwise (gloo, lazy NCCL): ``new_group(my_group, use_local_synchronization=True)``; only the
+  members take part;
+- size-1 dims and dims asked to be fake: a group on the ``fake`` backend (no communication; for
+  one rank every collective is the identity, so it is also correct);
+- a dim spanning the whole world: the default group itself, as torch does;
+- one process group per distinct (rank partition, backend), shared by every mesh and dim name
+  that uses it, created in the same order on every rank (torch's hashed group names count the
+  groups created before, so members only agree on a name if they agree on the order).
+
+Example, on every rank of an 8-rank gloo job (after ``dist.init_process_group("gloo")``)::
+
+    >>> world = MeshLayout.world(8)
+    >>> mesh = world.unflatten("world", (2, 2, 2), ("dp_replicate", "dp_shard", "tp"))
+    >>> builder = MeshBuilder(world, device_type="cpu")  # doctest: +SKIP
+    >>> dm = builder.device_mesh(mesh)  # doctest: +SKIP
+    >>> dm["dp_replicate", "dp_shard"].shape  # doctest: +SKIP
+    (2, 2)
+    >>> builder.report().created  # one group per dim, none shared here  # doctest: +SKIP
+    3
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from rankmesh._native import MeshLayout
+from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError, DistributedStateError
+
+__all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
+
+logger = logging.getLogger("rankmesh")
+
+FAKE = "fake"
+
+Modes = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What a :class:`MeshBuilder` did on this rank (the same numbers on every rank).
+
+    Attributes:
+        backend: the default group's backend (what real groups use), e.g. ``"nccl"``.
+        method: how real subgroups are made: ``"split_group"`` or ``"new_group"``.
+        real: process groups created on the default backend.
+        fake: process groups created on the ``fake`` backend.
+        reused_default: dims served by the default (world) group, nothing created.
+        shared: dims served by a group created earlier for the same partition.
+        dims: dims served in all (``real + fake + reused_default + shared``).
+        groups: ``(dim name, backend, group size)`` of every group created, in creation order.
+    """
+
+    backend: str
+    method: str
+    real: int = 0
+    fake: int = 0
+    reused_default: int = 0
+    shared: int = 0
+    dims: int = 0
+    groups: tuple[tuple[str, str, int], ...] = ()
+
+    @property
+    def created(self) -> int:
+        """Process groups created in all."""
+        return self.real + self.fake
+
+    @property
+    def by_backend(self) -> dict[str, int]:
+        """Process groups created, by backend name (the default backend's and ``"fake"``)."""
+        out: dict[str, int] = {}
+        for _, backend, _ in self.groups:
+            out[backend] = out.get(backend, 0) + 1
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "method": self.method,
+            "created": self.created,
+            "real": self.real,
+            "fake": self.fake,
+            "reused_default": self.reused_default,
+            "shared": self.shared,
+            "dims": self.dims,
+            "by_backend": self.by_backend,
+        }
+
+    def __str__(self) -> str:
+        def n(k: int, one: str, many: str) -> str:
+            return f"{k} {one if k == 1 else many}"
+
+        return (
+            f"{n(self.created, 'process group', 'process groups')} created ({self.real} "
+            f"{self.backend} via {self.method}, {self.fake} fake) for {n(self.dims, 'mesh dim', 'mesh dims')}; "
+            f"{n(self.reused_default, 'dim reuses', 'dims reuse')} the default group, "
+            f"{n(self.shared, 'dim shares', 'dims share')} a group created earlier"
+        )
+
+
+@dataclass
+class _Counters:
+    real: int = 0
+    fake: int = 0
+    reused_default: int = 0
+    shared: int = 0
+    dims: int = 0
+    groups: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+class MeshBuilder:
+    """Creates this rank's process groups and ``DeviceMesh`` objects for layouts of one world.
+
+    Args:
+        world: the world layout (``MeshLayout.world(W, rank_map)``) every layout passed later
+            derives from.
+        device_type: the ``DeviceMesh`` device type, e.g. ``"cuda"`` or ``"cpu"``.
+        rank: this process's global rank; defaults to (and must equal) ``dist.get_rank()``.
+
+    The default process group must be initialised, with ``world.world_size`` ranks. Use one
+    builder for every mesh of a job so that partitions shared between meshes get one group.
+    Every rank must make the same sequence of calls (SPMD): the groups are created in call order.
+    """
+
+    def __init__(self, world: MeshLayout, *, device_type: str = "cpu", rank: int | None = None) -> None:
+        if not isinstance(world, MeshLayout):
+            raise TypeError(f"world must be a rankmesh.MeshLayout, got {type(world).__name__}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise DistributedStateError(
+                "torch.distributed's default process group is not initialised; call "
+                "torch.distributed.init_process_group(...) (torchrun sets the environment) before "
+                "building meshes",
+                "default_group",
+                "None",
+            )
+        world_size = dist.get_world_size()
+        if world_size != world.world_size:
+            raise DistributedStateError(
+                f"the default process group has {world_size} ranks but the layout's world has "
+                f"{world.world_size}; build the layout with MeshLayout.world(dist.get_world_size())",
+                "world_size",
+                str(world.world_size),
+            )
+        my_rank = dist.get_rank()
+        if rank is not None and int(rank) != my_rank:
+            raise DistributedStateError(
+                f"rank = {rank} but this process is rank {my_rank} of the default group; groups "
+                "can only be created for the calling process, so leave rank unset",
+                "rank",
+                str(rank),
+            )
+        self._world = world
+        self._device_type = device_type
+        self._rank = my_rank
+        self._world_size = world_size
+        self._default = dist.group.WORLD
+        self._backend = str(dist.get_backend(self._default))
+        self._split = getattr(self._default, "bound_device_id", None) is not None
+        self._groups: dict[tuple[Modes, str | None], dist.ProcessGroup] = {}
+        self._known: set[MeshLayout] = set()
+        self._counters = _Counters()
+        self._fake_ready = False
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def world(self) -> MeshLayout:
+        return self._world
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def device_type(self) -> str:
+        return self._device_type
+
+    @property
+    def method(self) -> str:
+        """How real subgroups are made here: ``"split_group"`` (default group bound to a device)
+        or ``"new_group"``."""
+        return "split_group" if self._split else "new_group"
+
+    # -- process groups --------------------------------------------------------------------
+
+    def process_group(self, layout: MeshLayout, dim: int | str, *, fake: bool = False) -> dist.ProcessGroup:
+        """This rank's process group in ``dim`` of ``layout``.
+
+        ``fake=True`` (or a dim of size 1) gives a group on the ``fake`` backend, which never
+        communicates. A dim spanning the whole world gives the default group. Otherwise the
+        group is created once per distinct partition of the world (keyed on the dim's modes) and
+        shared by every later dim with the same partition and backend.
+        """
+        self._check_layout(layout)
+        size = int(layout.size(dim))
+        name = layout.names[dim] if isinstance(dim, int) else dim
+        c = self._counters
+        c.dims += 1
+        if size == self._world_size:
+            # Torch reuses the default group for a world-sized dim; we do so for a fake one too:
+            # nothing is created either way, and a W-rank fake group would cost O(W) per rank.
+            c.reused_default += 1
+            return self._default
+        backend = FAKE if (fake or size == 1) else None
+        key = (tuple(layout.partition_key(dim)), backend)
+        pg = self._groups.get(key)
+        if pg is not None:
+            c.shared += 1
+            return pg
+        ranks = np.sort(layout.group(self._rank, dim)).tolist()
+        desc = f"mesh_{name}"
+        if backend == FAKE:
+            self._ensure_fake_backend()
+            pg = dist.new_group(ranks, backend=FAKE, use_local_synchronization=True, group_desc=desc)
+            c.fake += 1
+            label = FAKE
+        elif self._split:
+            pg = dist.split_group(parent_pg=self._default, split_ranks=[ranks], group_desc=desc)
+            c.real += 1
+            label = self._backend
+        else:
+            pg = dist.new_group(ranks, use_local_synchronization=True, group_desc=desc)
+            c.real += 1
+            label = self._backend
+        if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:  # pragma: no cover - torch bug
+            raise DistributedStateError(
+                f"torch returned no process group for rank {self._rank} in dim {name!r} "
+                f"(ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''})",
+                "dim",
+                str(name),
+            )
+        self._groups[key] = pg
+        c.groups.append((str(name), label, size))
+        return pg
+
+    def device_mesh(
+        self,
+        layout: MeshLayout,
+        *,
+        fake_dims: Sequence[str | int] = (),
+    ) -> DeviceMesh:
+        """A ``DeviceMesh`` of ``layout`` for this rank, over this builder's process groups.
+
+        Equal to what torch builds for the same layout (``init_device_mesh`` + ``_unflatten`` /
+        slicing / ``_flatten``): same ``mesh``, group ranks, coordinate, local ranks and names.
+        ``fake_dims`` (names or indices) get ``fake``-backend groups, as does every size-1 dim.
+        """
+        self._check_layout(layout)
+        names = tuple(layout.names)
+        fake_idx = set()
+        for d in fake_dims:
+            if isinstance(d, str):
+                if d not in names:
+                    layout.size(d)  # raises rankmesh's UnknownNameError with the valid names
+                fake_idx.add(names.index(d))
+            else:
+                layout.size(d)  # raises DimOutOfRangeError
+                fake_idx.add(int(d) % len(names))
+        groups = [self.process_group(layout, i, fake=i in fake_idx) for i in range(len(names))]
+        mesh = torch.from_numpy(layout.mesh_of(self._rank))
+        # Always the n-D form of from_group, also for one dim: the 1-D form re-reads the group's
+        # ranks (O(W) in Python for a world-sized group) and rejects a mesh that is not in
+        # sorted order, which a rank map can legitimately produce.
+        return DeviceMesh.from_group(groups, self._device_type, mesh=mesh, mesh_dim_names=names)
+
+    def report(self) -> BuildReport:
+        """Process groups created so far, by backend, and how many dims reused one."""
+        c = self._counters
+        return BuildReport(
+            backend=self._backend,
+            method=self.method,
+            real=c.real,
+            fake=c.fake,
+            reused_default=c.reused_default,
+            shared=c.shared,
+            dims=c.dims,
+            groups=tuple(c.groups),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MeshBuilder(world_size={self._world_size}, rank={self._rank}, "
+            f"device_type={self._device_type!r}, method={self.method!r}, groups={len(self._groups)})"
+        )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _check_layout(self, layout: MeshLayout) -> None:
+        if layout in self._known:
+            return
+        if not isinstance(layout, MeshLayout):
+            raise TypeError(f"layout must be a rankmesh.MeshLayout, got {type(layout).__name__}")
+        same = layout.world_size == self._world.world_size
+        if same:
+            mine, theirs = self._world.rank_map(), layout.rank_map()
+            if (mine is None) != (theirs is None) or (mine is not None and not np.array_equal(mine, theirs)):
+                same = False
+        if not same:
+            raise DistributedStateError(
+                f"the layout {layout!r} is not over this builder's world "
+                f"(world_size={self._world.world_size}, "
+                f"rank_map={'identity' if self._world.rank_map() is None else 'a permutation'}); "
+                "derive every layout from the world given to MeshBuilder",
+                "layout",
+                repr(layout),
+            )
+        self._known.add(layout)
+
+    def _ensure_fake_backend(self) -> None:
+        if not self._fake_ready:
+            # Registers the "fake" backend's constructor with c10d (idempotent, ~0.3 ms).
+            import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+            self._fake_ready = True
+
+
+# -- consistency check -------------------------------------------------------------------------
+
+_TWO63 = 1 << 63
+_MASK64 = (1 << 64) - 1
+
+
+def _to_i64(fp: int) -> int:
+    """Order-preserving map of a u64 onto int64: ``fp - 2**63``."""
+    return fp - _TWO63
+
+
+def _from_i64(v: int) -> int:
+    return v + _TWO63
+
+
+def _collective_device(pg: dist.ProcessGroup) -> torch.device:
+    device_types = {d.type for d in getattr(pg, "_device_types", [])}
+    if not device_types or "cpu" in device_types:
+        return torch.device("cpu")
+    bound = getattr(pg, "bound_device_id", None)
+    if bound is not None:
+        return bound
+    acc = torch.accelerator.current_accelerator()
+    if acc is None:  # pragma: no cover - a group without CPU backend needs an accelerator
+        return torch.device("cpu")
+    return torch.device(acc.type, torch.accelerator.current_device_index())
+
+
+def _wait(work: Any, timeout: datetime.timedelta, what: str, fingerprint: int, pg: dist.ProcessGroup) -> None:
+    try:
+        ok = work.wait(timeout=timeout)
+    except RuntimeError as e:  # gloo / nccl raise on timeout
+        raise ConsistencyTimeoutError(
+            f"rankmesh consistency check: not every one of the {pg.size()} ranks reached the "
+            f"{what} within {timeout.total_seconds():g} s ({e}). A rank crashed, is stuck, or "
+            "runs a different code path (for example its own configuration failed validation). "
+            "Check every rank's logs; make all ranks run the same configuration",
+            "timeout",
+            str(timeout.total_seconds()),
+            fingerprint=fingerprint,
+        ) from e
+    if ok is False:
+        raise ConsistencyTimeoutError(
+            f"rankmesh consistency check: the {what} did not complete within "
+            f"{timeout.total_seconds():g} s; not every rank reached it",
+            "timeout",
+            str(timeout.total_seconds()),
+            fingerprint=fingerprint,
+        )
+
+
+def check_consistency(
+    fingerprint: int,
+    *,
+    group: dist.ProcessGroup | None = None,
+    timeout: float | datetime.timedelta = 300.0,
+) -> None:
+    """Prove that every rank of ``group`` (default: the world) holds the same 64-bit fingerprint.
+
+    One tiny collective (an all-reduce MAX of 2 int64: the fingerprint and its complement, which
+    gives the minimum and maximum over all ranks). If they differ, a second tiny all-reduce finds
+    how many ranks hold the extremes and one rank of each, and every rank raises
+    :class:`~rankmesh.errors.ConfigMismatchError` naming its fingerprint and the others',
+    instead of hanging later in a group creation or collective that only some ranks enter.
+    If not every rank enters within ``timeout`` (seconds or a timedelta), raises
+    :class:`~rankmesh.errors.ConsistencyTimeoutError` (a ``ConfigMismatchError``). After a
+    timeout the group may be unusable: treat it as fatal.
+
+    Use e.g. ``layout.fingerprint()`` or ``ParallelDims(...).fingerprint``; call it on every
+    rank, before building meshes.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise DistributedStateError(
+            "check_consistency needs an initialised default process group",
+            "default_group",
+            "None",
+        )
+    fp = int(fingerprint)
+    if not 0 <= fp <= _MASK64:
+        raise ValueError(f"fingerprint must be an unsigned 64-bit integer, got {fingerprint!r}")
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    device = _collective_device(pg)
+    v = _to_i64(fp)
+    t = torch.tensor([v, ~v], dtype=torch.int64, device=device)
+    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=pg, async_op=True)
+    _wait(work, timeout, "fingerprint all-reduce", fp, pg)
+    hi, neg_lo = t.tolist()
+    fmax, fmin = _from_i64(hi), _from_i64(~neg_lo)
+    if fmin == fmax == fp:
+        return
+    # Mismatch: every rank sees it (same reduction). One more tiny collective for the message.
+    me = dist.get_rank(pg)
+    n = pg.size()
+    s = torch.tensor(
+        [int(fp == fmin), int(fp == fmax), -(me if fp == fmin else n), -(me if fp == fmax else n)],
+        dtype=torch.int64,
+        device=device,
+    )
+    counts, firsts = s[:2].clone(), s[2:].clone()
+    w1 = dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=pg, async_op=True)
+    w2 = dist.all_reduce(firsts, op=dist.ReduceOp.MAX, group=pg, async_op=True)
+    _wait(w1, timeout, "mismatch census", fp, pg)
+    _wait(w2, timeout, "mismatch census", fp, pg)
+    n_min, n_max = counts.tolist()
+    r_min, r_max = (-x for x in firsts.tolist())
+    raise ConfigMismatchError(
+        f"rankmesh consistency check failed on rank {me} of {n}: ranks disagree on the "
+        f"configuration. This rank's fingerprint is {fp:#018x}; the lowest fingerprint, "
+        f"{fmin:#018x}, is held by {n_min} rank(s) (e.g. rank {r_min}) and the highest, "
+        f"{fmax:#018x}, by {n_max} rank(s) (e.g. rank {r_max}). Every rank must build the same "
+        "meshes: give all ranks the same parallelism degrees, world size and rank map (same "
+        "command line, config files and environment), then restart the job",
+        "fingerprint",
+        f"{fp:#018x}",
+        fingerprint=fp,
+        min_fingerprint=fmin,
+        max_fingerprint=fmax,
+    )

@@ -1,0 +1,90 @@
+"""Launch helpers shared by tests/test_multiprocess.py and tests/test_cuda.py: run torchrun
+commands with a hard deadline (the whole process group is killed past it) and read back the
+JSON lines tests/mp/worker.py writes, one per check and rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKER = Path(__file__).parent / "worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun() -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = dict(os.environ)
+    out.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    out.pop("TORCHELASTIC_RUN_ID", None)
+    return out
+
+
+def launch(cmds: list[list[str]], out: Path, timeout_s: float, extra_env: dict[str, str] | None = None) -> str:
+    """Runs the commands concurrently, each in its own session; kills them all past the deadline.
+    Returns the tail of their output (prefixed with TIMED OUT when the deadline passed)."""
+    procs, logs = [], []
+    for i, cmd in enumerate(cmds):
+        log = open(out / f"torchrun{i}.log", "w")
+        logs.append(log)
+        procs.append(
+            subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env(**(extra_env or {})), start_new_session=True
+            )
+        )
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        for p in procs:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        for log in logs:
+            log.close()
+    text = "\n".join((out / f"torchrun{i}.log").read_text()[-4000:] for i in range(len(cmds)))
+    return (f"TIMED OUT after {timeout_s} s\n" if timed_out else "") + text
+
+
+def results(out: Path) -> dict[str, dict[int, dict]]:
+    """{check: {rank: record}} from the worker's rank*.jsonl files."""
+    res: dict[str, dict[int, dict]] = {}
+    for f in Path(out).glob("rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            d = json.loads(line)
+            res.setdefault(d["check"], {})[d["rank"]] = d
+    return res
+
+
+def assert_check(res: dict[str, dict[int, dict]], log: str, check: str, world: int) -> dict[int, dict]:
+    """`check` passed on every one of `world` ranks."""
+    got = res.get(check, {})
+    failed = {r: d.get("tb") or d.get("error") for r, d in got.items() if not d["ok"]}
+    assert not failed, f"{check} failed on ranks {sorted(failed)}:\n" + "\n".join(
+        f"--- rank {r}:\n{tb}" for r, tb in sorted(failed.items())
+    )
+    missing = sorted(set(range(world)) - set(got))
+    assert not missing, f"{check} did not report on ranks {missing}; torchrun output:\n{log}"
+    return got
