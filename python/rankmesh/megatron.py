@@ -1,0 +1,818 @@
+"""Megatron-core's rank conventions over :class:`~rankmesh.MeshLayout`.
+
+Megatron names its parallel dims with an *order* string such as ``"tp-cp-ep-dp-pp"``: the
+leftmost name varies fastest over the ranks. That is a row-major mesh read backwards, so a
+:class:`RankGenerator` is the world unflattened in the reversed order, and a *token* such as
+``"tp-pp"`` is the flatten of the slice of its names (taken in mesh order)::
+
+    >>> g = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
+    >>> g.order                                 # names left out are appended (size 1)
+    'tp-dp-pp-ep-cp'
+    >>> g.mesh_layout.names, g.mesh_layout.shape
+    (('cp', 'ep', 'pp', 'dp', 'tp'), (1, 1, 2, 2, 2))
+    >>> g.get_ranks("dp")                       # megatron-core's answer, as lists
+    [[0, 2], [1, 3], [4, 6], [5, 7]]
+    >>> g.my_group("tp-pp", 5).tolist()         # one rank's group, O(group size)
+    [0, 1, 4, 5]
+
+``get_ranks`` answers exactly what megatron-core's ``RankGenerator.get_ranks`` does (same groups,
+same order), but a rank only ever needs :meth:`RankGenerator.my_group`, which costs O(group
+size) instead of O(world). :func:`model_parallel_layout` builds the dense ("decoder") and expert
+generators the way ``megatron.core.parallel_state.initialize_model_parallel`` does, checks the
+same invariants, and names every group Megatron creates.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rankmesh._native import MeshLayout
+from rankmesh.errors import (
+    DuplicateNameError,
+    EmptySliceError,
+    InvalidNameError,
+    InvalidSizeError,
+    LayoutOverflowError,
+    ParallelConfigError,
+    RankOutOfRangeError,
+    SliceOrderError,
+    UnknownNameError,
+)
+
+if TYPE_CHECKING:  # the torch layer is optional at import time
+    from rankmesh.torch_layer import MeshBuilder
+
+__all__ = [
+    "MEGATRON_DIMS",
+    "DEFAULT_ORDER",
+    "RankGenerator",
+    "ModelParallelLayout",
+    "GROUP_DESCRIPTIONS",
+    "model_parallel_layout",
+    "default_embedding_ranks",
+    "default_position_embedding_ranks",
+]
+
+#: The dim names a Megatron ``RankGenerator`` knows, in its own ``name_to_size`` order.
+MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
+#: ``initialize_model_parallel``'s default order.
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+_INT32_MAX = 2**31 - 1
+
+
+def _as_int(value: Any, field: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{field} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _positive(value: Any, field: str) -> int:
+    v = _as_int(value, field)
+    if v < 1:
+        raise InvalidSizeError(f"{field} must be >= 1, got {v}", field, str(v))
+    return v
+
+
+def _split_names(text: str, field: str) -> list[str]:
+    """``"tp-dp"`` -> ``["tp", "dp"]``, lower-cased, each name known, no empty piece."""
+    if not isinstance(text, str):
+        raise TypeError(f"{field} must be a str like 'tp-dp', got {type(text).__name__}")
+    names = text.lower().split("-")
+    for n in names:
+        if not n:
+            raise InvalidNameError(
+                f"{field} {text!r} has an empty name; write names joined by single '-', e.g. 'tp-cp-ep-dp-pp'",
+                field,
+                text,
+            )
+        if n not in MEGATRON_DIMS:
+            raise UnknownNameError(
+                f"{field} {text!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}",
+                field,
+                n,
+            )
+    return names
+
+
+def default_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
+    """Megatron's default: word embeddings live on the first and last pipeline stages."""
+    pp_ranks = list(pp_ranks)
+    return [pp_ranks[0]] if len(pp_ranks) == 1 else [pp_ranks[0], pp_ranks[-1]]
+
+
+def default_position_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
+    """Megatron's default: position embeddings live on the first pipeline stage."""
+    return [list(pp_ranks)[0]]
+
+
+def _torch_layer():
+    try:
+        from rankmesh import torch_layer
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "process groups and DeviceMeshes need rankmesh's torch layer (rankmesh.torch_layer) "
+            "and torch; the layout-level API (my_group, groups, layout) works without them"
+        ) from e
+    return torch_layer
+
+
+class RankGenerator:
+    """Megatron-core's ``RankGenerator`` (same constructor, same ``get_ranks``), over a MeshLayout.
+
+    Args:
+        tp, ep, dp, pp, cp: the degrees; ``ep`` and ``cp`` cannot both be > 1 (Megatron keeps cp
+            in the dense generator and ep in the expert one).
+        order: names joined by ``-``, leftmost fastest, e.g. ``"tp-cp-ep-dp-pp"``. Names of size
+            1 may be left out (they are appended, as Megatron does); case is ignored.
+        rank_offset: added to every rank returned (ranks of a generator placed after others).
+        world: optional 1-D :class:`MeshLayout` of ``tp*ep*dp*pp*cp`` ranks to build on, e.g. one
+            with a topology-aware ``rank_map`` (see :mod:`rankmesh.topology`); identity otherwise.
+
+    Errors (all :class:`~rankmesh.RankmeshError`): a degree < 1 (:class:`InvalidSizeError`), ep
+    and cp both > 1 or a dim of size > 1 missing from ``order`` (:class:`ParallelConfigError`,
+    also a ``RuntimeError`` as in Megatron), an unknown name (:class:`UnknownNameError`, also a
+    ``KeyError``), a name twice (:class:`DuplicateNameError`), a negative ``rank_offset``
+    (:class:`InvalidSizeError`; Megatron silently ignores it) or ranks past int32
+    (:class:`LayoutOverflowError`).
+
+    Example (the order ``tp-dp-pp`` of Megatron's own docstring, 16 ranks)::
+
+        >>> g = RankGenerator(tp=2, ep=1, dp=2, pp=4, cp=1, order="tp-dp-pp")
+        >>> g.get_ranks("dp")[:4]
+        [[0, 2], [1, 3], [4, 6], [5, 7]]
+        >>> g.get_ranks("pp")[0]
+        [0, 4, 8, 12]
+        >>> g.my_group("tp-dp", 9).tolist()
+        [8, 9, 10, 11]
+        >>> g.groups("tp").shape
+        (8, 2)
+    """
+
+    def __init__(
+        self,
+        tp: int,
+        ep: int,
+        dp: int,
+        pp: int,
+        cp: int,
+        order: str,
+        rank_offset: int = 0,
+        *,
+        world: MeshLayout | None = None,
+    ) -> None:
+        sizes = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+        sizes = {k: _positive(v, k) for k, v in sizes.items()}
+        if sizes["ep"] > 1 and sizes["cp"] > 1:
+            raise ParallelConfigError(
+                f"ep ({sizes['ep']}) and cp ({sizes['cp']}) cannot both be > 1 in one RankGenerator: "
+                "Megatron keeps cp in the dense generator (ep=1) and ep in the expert one (cp=1); "
+                "use model_parallel_layout() to build both",
+                "ep",
+                str(sizes["ep"]),
+            )
+        self.tp, self.ep, self.dp, self.pp, self.cp = (sizes[k] for k in ("tp", "ep", "dp", "pp", "cp"))
+        self.rank_offset = _as_int(rank_offset, "rank_offset")
+        if self.rank_offset < 0:
+            raise InvalidSizeError(
+                f"rank_offset must be >= 0, got {self.rank_offset} (megatron-core silently ignores "
+                "a negative offset; rankmesh refuses it)",
+                "rank_offset",
+                str(self.rank_offset),
+            )
+        self.world_size = self.tp * self.dp * self.pp * self.cp * self.ep
+        if self.world_size + self.rank_offset - 1 > _INT32_MAX:
+            raise LayoutOverflowError(
+                f"ranks up to {self.world_size + self.rank_offset - 1} do not fit int32 "
+                f"(world {self.world_size}, rank_offset {self.rank_offset})",
+                "rank_offset",
+                str(self.rank_offset),
+            )
+        self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp}
+
+        names = _split_names(order, "order")
+        seen: set[str] = set()
+        for n in names:
+            if n in seen:
+                raise DuplicateNameError(f"order {order!r} names {n!r} twice", "order", n)
+            seen.add(n)
+        for n in MEGATRON_DIMS:
+            if n not in seen:
+                if self.name_to_size[n] != 1:
+                    raise ParallelConfigError(
+                        f"the size of {n} is {self.name_to_size[n]}, but the order {order!r} does not "
+                        f"name it; add {n!r} to the order, e.g. {DEFAULT_ORDER!r}",
+                        "order",
+                        order,
+                    )
+                names.append(n)
+        #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
+        self.order = "-".join(names)
+        #: Sizes in ``order`` (leftmost fastest), as Megatron's ``ordered_size``.
+        self.ordered_size = [self.name_to_size[n] for n in names]
+        self._order_names = tuple(names)
+        mesh_names = tuple(reversed(names))
+        if world is None:
+            world = MeshLayout.world(self.world_size)
+        elif world.ndim != 1 or world.world_size != self.world_size:
+            raise ParallelConfigError(
+                f"world must be a 1-D MeshLayout of {self.world_size} ranks (tp*ep*dp*pp*cp), "
+                f"got shape {world.shape} over {world.world_size} ranks",
+                "world",
+                repr(world),
+            )
+        self.world = world
+        #: The whole mesh: the world unflattened in the reversed order (slowest dim first).
+        self.mesh_layout: MeshLayout = world.unflatten(0, [self.name_to_size[n] for n in mesh_names], mesh_names)
+        self._pos = {n: i for i, n in enumerate(mesh_names)}
+        self._layouts: dict[tuple[str, ...], MeshLayout] = {}
+
+    # -- Megatron's API ---------------------------------------------------------------------
+    def get_mask(self, order: str, token: str) -> list[bool]:
+        """Megatron's mask: ``mask[i]`` is True when the i-th name of ``order`` is in ``token``."""
+        ordered = order.lower().split("-")
+        mask = [False] * len(ordered)
+        for t in self._token_names(token):
+            if t not in ordered:
+                raise UnknownNameError(f"token name {t!r} is not in the order {order!r}", "token", t)
+            mask[ordered.index(t)] = True
+        return mask
+
+    def get_ranks(self, token: str) -> list[list[int]]:
+        """Every group of ``token`` as lists, in Megatron's order (O(world); prefer
+        :meth:`my_group` on a rank and :meth:`groups` for arrays)."""
+        return self.groups(token).tolist()
+
+    # -- rankmesh's additions ---------------------------------------------------------------
+    def _token_names(self, token: str | Iterable[str]) -> tuple[str, ...]:
+        """The token's distinct names, as written (``"dp-cp"`` -> ``("dp", "cp")``)."""
+        if isinstance(token, str):
+            names = _split_names(token, "token")
+        else:
+            names = [n.lower() if isinstance(n, str) else n for n in token]
+            for n in names:
+                if not isinstance(n, str):
+                    raise TypeError(f"token names must be str, got {type(n).__name__}")
+                if n not in MEGATRON_DIMS:
+                    raise UnknownNameError(f"token names {n!r}, not one of {', '.join(MEGATRON_DIMS)}", "token", n)
+            if not names:
+                raise EmptySliceError("a token must name at least one dim, e.g. 'tp'", "token", "")
+        return tuple(dict.fromkeys(names))
+
+    def token_dims(self, token: str | Iterable[str]) -> tuple[str, ...]:
+        """The token's names in mesh order (slowest first), e.g. ``"tp-pp"`` -> ``("pp", "tp")``."""
+        return tuple(sorted(self._token_names(token), key=self._pos.__getitem__))
+
+    def layout(self, token: str | Iterable[str]) -> MeshLayout:
+        """The 1-D layout of ``token``: the flatten of its names' slice, named like ``"dp_cp"``.
+
+        Its ``groups()`` are Megatron's groups for the token (without ``rank_offset``)."""
+        key = self._token_names(token)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self.mesh_layout[self.token_dims(key)].flatten("_".join(key))
+            self._layouts[key] = lay
+        return lay
+
+    def group_size(self, token: str | Iterable[str]) -> int:
+        """Ranks in one group of ``token``."""
+        return int(np.prod([self.name_to_size[n] for n in self._token_names(token)]))
+
+    def num_groups(self, token: str | Iterable[str]) -> int:
+        """Number of groups of ``token`` (rows of :meth:`groups`)."""
+        return self.world_size // self.group_size(token)
+
+    def _local(self, rank: Any) -> int:
+        r = _as_int(rank, "rank")
+        local = r - self.rank_offset
+        if not 0 <= local < self.world_size:
+            lo, hi = self.rank_offset, self.rank_offset + self.world_size
+            raise RankOutOfRangeError(f"rank {r} is outside this generator's ranks [{lo}, {hi})", "rank", str(r))
+        return local
+
+    def my_group(self, token: str | Iterable[str], rank: int) -> np.ndarray:
+        """``rank``'s group of ``token`` (int32, Megatron's order, ``rank_offset`` applied), in
+        O(group size): the row of :meth:`get_ranks` that holds ``rank``.
+
+            >>> g = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
+            >>> g.my_group("tp-pp", 5).tolist(), g.my_group("dp", 5).tolist()
+            ([0, 1, 4, 5], [5, 7])
+        """
+        lay = self.layout(token)
+        g = lay.group(self._local(rank), 0)
+        return g + np.int32(self.rank_offset) if self.rank_offset else g
+
+    def groups(self, token: str | Iterable[str]) -> np.ndarray:
+        """Every group of ``token`` as an int32 array ``(num_groups, group_size)``, Megatron's
+        order, ``rank_offset`` applied. O(world)."""
+        g = self.layout(token).groups()
+        g = g.reshape(g.shape[0], -1)
+        return g + np.int32(self.rank_offset) if self.rank_offset else g
+
+    def coordinate_of(self, rank: int) -> dict[str, int]:
+        """``rank``'s index in every dim, e.g. ``{"tp": 1, "cp": 0, "ep": 0, "dp": 0, "pp": 1}``."""
+        coord = self.mesh_layout.coordinate_of(self._local(rank))
+        return {n: int(coord[self._pos[n]]) for n in self._order_names}
+
+    def dims_layout(self, dims: Sequence[str | Iterable[str]], names: Sequence[str] | None = None) -> MeshLayout:
+        """A multi-dim layout whose dims are tokens, e.g. ``["pp", "dp-cp", "tp"]``, for a DeviceMesh.
+
+        Tokens must be disjoint and listed slowest first (mesh order), and each token's names must
+        be adjacent in the order (size-1 names do not count); a single token may be anything.
+        Dims are named ``names`` or ``"dp_cp"``-style joins of the tokens."""
+        if isinstance(dims, str):
+            dims = [dims]
+        keys = [self._token_names(t) for t in dims]
+        if not keys:
+            raise EmptySliceError("dims must name at least one token", "dims", "")
+        labels = list(names) if names is not None else ["_".join(k) for k in keys]
+        if len(labels) != len(keys):
+            raise InvalidNameError(f"{len(labels)} names for {len(keys)} dims", "names", str(labels))
+        owner: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            for n in k:
+                if n in owner:
+                    raise DuplicateNameError(f"{n!r} is in two dims ({dims[owner[n]]!r} and {dims[i]!r})", "dims", n)
+                owner[n] = i
+        if len(keys) == 1:
+            lay = self.layout(keys[0])
+            return lay if labels[0] == lay.names[0] else lay.flatten(labels[0])
+        runs: list[tuple[int | None, int, list[str]]] = []  # (dim index, size, names)
+        for n in self.mesh_layout.names:
+            i = owner.get(n)
+            if i is None and self.name_to_size[n] == 1:
+                continue  # size-1 names are transparent
+            if runs and i is not None and runs[-1][0] == i:
+                runs[-1] = (i, runs[-1][1] * self.name_to_size[n], runs[-1][2] + [n])
+            else:
+                runs.append((i, self.name_to_size[n], [n]))
+        seen = [r[0] for r in runs if r[0] is not None]
+        for i in range(len(keys)):
+            if seen.count(i) != 1:
+                raise ParallelConfigError(
+                    f"the names of {dims[i]!r} are not adjacent in the order {self.order!r}, so it cannot "
+                    "be one dim of a multi-dim mesh; use it alone (dims_layout([token])) or pick tokens "
+                    "that are runs of the order",
+                    "dims",
+                    str(dims[i]),
+                )
+        if seen != sorted(seen):
+            raise SliceOrderError(
+                f"dims {list(dims)} are not in mesh order (slowest first) for order {self.order!r}; "
+                f"list them as {[dims[i] for i in sorted(seen)]}",
+                "dims",
+                str(list(dims)),
+            )
+        run_names = [labels[r[0]] if r[0] is not None else f"_rest{j}" for j, r in enumerate(runs)]
+        full = self.world.unflatten(0, [r[1] for r in runs], run_names)
+        return full[tuple(labels)]
+
+    # -- torch, through rankmesh.torch_layer -------------------------------------------------
+    def _check_torch(self) -> None:
+        if self.rank_offset:
+            raise ParallelConfigError(
+                f"process groups need a generator that covers the whole world (rank_offset 0, got "
+                f"{self.rank_offset}); build one RankGenerator over the world instead",
+                "rank_offset",
+                str(self.rank_offset),
+            )
+
+    def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
+        """A :class:`rankmesh.torch_layer.MeshBuilder` over this generator's world."""
+        self._check_torch()
+        return _torch_layer().MeshBuilder(self.world, device_type=device_type, rank=rank)
+
+    def process_group(self, token: str | Iterable[str], builder: MeshBuilder, *, fake: bool = False):
+        """The caller's process group of ``token`` (one per distinct partition, shared)."""
+        self._check_torch()
+        return builder.process_group(self.layout(token), 0, fake=fake)
+
+    def device_mesh(
+        self,
+        dims: Sequence[str | Iterable[str]],
+        builder: MeshBuilder,
+        *,
+        names: Sequence[str] | None = None,
+        fake_dims: Sequence[str] = (),
+    ):
+        """The caller's ``DeviceMesh`` over ``dims`` (see :meth:`dims_layout`)."""
+        self._check_torch()
+        return builder.device_mesh(self.dims_layout(dims, names), fake_dims=tuple(fake_dims))
+
+    def __repr__(self) -> str:
+        off = f", rank_offset={self.rank_offset}" if self.rank_offset else ""
+        return (
+            f"RankGenerator(tp={self.tp}, ep={self.ep}, dp={self.dp}, pp={self.pp}, cp={self.cp}, "
+            f"order={self.order!r}{off})"
+        )
+
+
+# -----------------------------------------------------------------------------------------------
+# initialize_model_parallel's groups
+# -----------------------------------------------------------------------------------------------
+
+#: (name, generator, token) of every group ``initialize_model_parallel`` creates, in its creation
+#: order; names are Megatron's own NCCL-config keys. ``None`` tokens are derived groups.
+_GROUPS: tuple[tuple[str, str, str | None], ...] = (
+    ("dp_cp", "decoder", "dp-cp"),
+    ("intra_dp_cp", "decoder", None),
+    ("dp", "decoder", "dp"),
+    ("cp", "decoder", "cp"),
+    ("hcp", "decoder", None),  # expands to hcp_l0, hcp_l1, ... when asked for
+    ("mp", "decoder", "tp-pp"),
+    ("tp", "decoder", "tp"),
+    ("pp", "decoder", "pp"),
+    ("embd", "decoder", None),
+    ("pos_embd", "decoder", None),
+    ("tp_dp_cp", "decoder", "tp-dp-cp"),
+    ("tp_dp", "decoder", "tp-dp"),
+    ("tp_cp", "decoder", "tp-cp"),
+    ("ep", "expert", "ep"),
+    ("ep_tp", "expert", "tp"),
+    ("tp_ep_mp", "expert", "tp-ep"),
+    ("tp_ep_pp", "expert", "tp-ep-pp"),
+    ("ep_dp", "expert", "dp"),
+    ("intra_ep_dp", "expert", None),
+    ("inter_ep_dp", "expert", None),
+    ("intra_dist_opt_instance", "expert", None),
+)
+
+#: What each group is, in Megatron's words (its ``group_desc``).
+GROUP_DESCRIPTIONS: dict[str, str] = {
+    "dp_cp": "DATA_PARALLEL_GROUP_WITH_CP",
+    "intra_dp_cp": "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP",
+    "dp": "DATA_PARALLEL_GROUP",
+    "cp": "CONTEXT_PARALLEL_GROUP",
+    "hcp": "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L<level>",
+    "mp": "MODEL_PARALLEL_GROUP",
+    "tp": "TENSOR_MODEL_PARALLEL_GROUP",
+    "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+    "embd": "EMBEDDING_GROUP",
+    "pos_embd": "POSITION_EMBEDDING_GROUP",
+    "tp_dp_cp": "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP",
+    "tp_dp": "TENSOR_AND_DATA_PARALLEL_GROUP",
+    "tp_cp": "TENSOR_AND_CONTEXT_PARALLEL_GROUP",
+    "ep": "EXPERT_MODEL_PARALLEL_GROUP",
+    "ep_tp": "EXPERT_TENSOR_PARALLEL_GROUP",
+    "tp_ep_mp": "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
+    "tp_ep_pp": "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
+    "ep_dp": "EXPERT_DATA_PARALLEL_GROUP",
+    "intra_ep_dp": "INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+    "inter_ep_dp": "INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+    "intra_dist_opt_instance": "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+}
+
+
+def _hierarchical(ranks: np.ndarray, sizes: Sequence[int], level: int, rank: int) -> np.ndarray:
+    """Megatron's ``create_hierarchical_groups``: ``rank``'s level-``level`` sub-group of ``ranks``
+    (``"(l s u) -> (l u) s"`` with u = prod(sizes[:level]), s = sizes[level])."""
+    u = int(np.prod(sizes[:level], dtype=np.int64))
+    s = int(sizes[level])
+    cube = ranks.reshape(-1, s, u)
+    (pos,) = np.nonzero(ranks == rank)
+    p = int(pos[0])
+    return np.ascontiguousarray(cube[p // (s * u), :, p % u])
+
+
+class ModelParallelLayout:
+    """The dense ("decoder") and expert :class:`RankGenerator` of Megatron's
+    ``initialize_model_parallel``, and every group it creates, per rank in O(group size).
+
+    Build it with :func:`model_parallel_layout`. Group names (:attr:`group_names`) are Megatron's
+    NCCL-config keys: ``dp_cp``, ``dp``, ``cp``, ``mp`` (tp-pp), ``tp``, ``pp``, ``embd``,
+    ``pos_embd``, ``tp_dp_cp``, ``tp_dp``, ``tp_cp``, ``ep``, ``ep_tp`` (expert tp), ``tp_ep_mp``,
+    ``tp_ep_pp``, ``ep_dp`` (expert dp), ``intra_dp_cp``, ``intra_ep_dp``, ``inter_ep_dp``,
+    ``intra_dist_opt_instance`` and, with hierarchical cp, ``hcp_l0``, ``hcp_l1``, ...
+
+        >>> m = model_parallel_layout(64, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+        ...                           context_parallel_size=2, expert_model_parallel_size=4)
+        >>> m.dp, m.expert_dp
+        (8, 4)
+        >>> {k: m.group(k, 13).tolist() for k in ("tp", "cp", "dp", "pp", "ep", "ep_dp", "embd")}
+        {'tp': [12, 13], 'cp': [13, 15], 'dp': [1, 5, 9, 13, 17, 21, 25, 29], 'pp': [13, 45], 'ep': [9, 11, 13, 15], 'ep_dp': [5, 13, 21, 29], 'embd': [13, 45]}
+    """
+
+    def __init__(
+        self,
+        decoder: RankGenerator,
+        expert: RankGenerator,
+        *,
+        num_distributed_optimizer_instances: int = 1,
+        hierarchical_context_parallel_sizes: Sequence[int] | None = None,
+        virtual_pipeline_model_parallel_size: int | None = None,
+        get_embedding_ranks: Callable[[list[int]], list[int]] | None = None,
+        get_position_embedding_ranks: Callable[[list[int]], list[int]] | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.expert = expert
+        self.world_size = decoder.world_size
+        self.tp, self.pp, self.cp, self.dp = decoder.tp, decoder.pp, decoder.cp, decoder.dp
+        self.ep, self.expert_tp, self.expert_dp = expert.ep, expert.tp, expert.dp
+        self.order = decoder.order
+        self.num_distributed_optimizer_instances = num_distributed_optimizer_instances
+        self.hierarchical_context_parallel_sizes = (
+            tuple(hierarchical_context_parallel_sizes) if hierarchical_context_parallel_sizes else None
+        )
+        self.virtual_pipeline_model_parallel_size = virtual_pipeline_model_parallel_size
+        self.get_embedding_ranks = get_embedding_ranks or default_embedding_ranks
+        self.get_position_embedding_ranks = get_position_embedding_ranks or default_position_embedding_ranks
+        n = num_distributed_optimizer_instances
+        self.intra_partial_dp_size = (self.dp * self.cp) // n
+        self.intra_partial_expert_dp_size = self.expert_dp // n
+
+    # -- names --------------------------------------------------------------------------------
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        """Every group name, in Megatron's creation order (the order to create process groups in)."""
+        out: list[str] = []
+        for name, _, _ in _GROUPS:
+            if name == "hcp":
+                if self.hierarchical_context_parallel_sizes:
+                    out.extend(f"hcp_l{i}" for i in range(len(self.hierarchical_context_parallel_sizes)))
+            elif name in ("intra_ep_dp", "inter_ep_dp") and self.num_distributed_optimizer_instances == 1:
+                if name == "intra_ep_dp":
+                    out.append(name)  # Megatron aliases it to ep_dp
+            else:
+                out.append(name)
+        return tuple(out)
+
+    def _check_name(self, name: str) -> None:
+        if name not in self.group_names:
+            raise UnknownNameError(
+                f"unknown group {name!r}; the groups are {', '.join(self.group_names)}", "name", name
+            )
+
+    def token(self, name: str) -> tuple[str, str] | None:
+        """``(generator, token)`` behind a plain group, e.g. ``"mp"`` -> ``("decoder", "tp-pp")``;
+        None for derived groups (partial DP, hierarchical cp, embeddings)."""
+        self._check_name(name)
+        for n, gen, tok in _GROUPS:
+            if n == name:
+                return (gen, tok) if tok else None
+        return None
+
+    def generator(self, which: str) -> RankGenerator:
+        return {"decoder": self.decoder, "expert": self.expert}[which]
+
+    # -- one rank's groups, O(group size) -------------------------------------------------------
+    def group(self, name: str, rank: int) -> np.ndarray | None:
+        """``rank``'s group ``name`` (int32), as Megatron lists it; None for ``embd``/``pos_embd``
+        when ``rank`` holds no embedding (Megatron leaves those globals None)."""
+        self._check_name(name)
+        tok = self.token(name)
+        if tok is not None:
+            return self.generator(tok[0]).my_group(tok[1], rank)
+        n = self.num_distributed_optimizer_instances
+        if name == "intra_dp_cp":
+            g = self.decoder.my_group("dp-cp", rank)
+            return _hierarchical(g, [self.intra_partial_dp_size, n], 0, rank)
+        if name in ("intra_ep_dp", "inter_ep_dp"):
+            g = self.expert.my_group("dp", rank)
+            return _hierarchical(g, [self.intra_partial_expert_dp_size, n], 0 if name == "intra_ep_dp" else 1, rank)
+        if name.startswith("hcp_l"):
+            g = self.decoder.my_group("cp", rank)
+            return _hierarchical(g, self.hierarchical_context_parallel_sizes, int(name[5:]), rank)
+        if name in ("embd", "pos_embd"):
+            fn = self.get_embedding_ranks if name == "embd" else self.get_position_embedding_ranks
+            members = [int(r) for r in fn(self.decoder.my_group("pp", rank).tolist())]
+            return np.asarray(members, dtype=np.int32) if int(rank) in members else None
+        if name == "intra_dist_opt_instance":
+            # Megatron concatenates intra_partial_expert_dp_size consecutive tp-ep-pp groups.
+            edp = self.expert.my_group("dp", rank)
+            k = int(np.nonzero(edp == rank)[0][0]) // self.intra_partial_expert_dp_size
+            chunk = edp[k * self.intra_partial_expert_dp_size : (k + 1) * self.intra_partial_expert_dp_size]
+            return np.concatenate([self.expert.my_group("tp-ep-pp", int(r)) for r in chunk]).astype(np.int32)
+        raise AssertionError(name)  # pragma: no cover
+
+    def groups_of(self, rank: int) -> dict[str, np.ndarray | None]:
+        """Every group of ``rank``, by name, in creation order."""
+        return {name: self.group(name, rank) for name in self.group_names}
+
+    # -- layouts (for process groups and tooling) -----------------------------------------------
+    def layout(self, name: str) -> MeshLayout | None:
+        """The 1-D layout whose groups partition the world like group ``name`` (same members as
+        :meth:`group`, ranks ascending), or None for ``embd``/``pos_embd``, which do not cover
+        the world, and for a partial-DP split that cuts a dim flattened from non-adjacent dims."""
+        self._check_name(name)
+        tok = self.token(name)
+        if tok is not None:
+            return self.generator(tok[0]).layout(tok[1])
+        n = self.num_distributed_optimizer_instances
+        try:
+            if name == "intra_dp_cp":
+                return self.decoder.layout("dp-cp").unflatten(0, (n, self.intra_partial_dp_size), ("_inter", name))[name]
+            if name in ("intra_ep_dp", "inter_ep_dp"):
+                lay = self.expert.layout("dp").unflatten(
+                    0, (n, self.intra_partial_expert_dp_size), ("inter_ep_dp", "intra_ep_dp")
+                )
+                return lay[name]
+            if name.startswith("hcp_l"):
+                sizes = self.hierarchical_context_parallel_sizes
+                lvl_names = tuple(f"hcp_l{i}" for i in range(len(sizes)))
+                return self.decoder.layout("cp").unflatten(0, tuple(reversed(sizes)), tuple(reversed(lvl_names)))[name]
+            if name == "intra_dist_opt_instance":
+                mesh = self.expert.mesh_layout.unflatten(
+                    "dp", (n, self.intra_partial_expert_dp_size), ("_inter", "_intra")
+                )
+                keep = tuple(d for d in mesh.names if d != "_inter")
+                return mesh[keep].flatten(name)
+        except ValueError:  # IncompatibleLayoutError: not a strided partition
+            return None
+        return None
+
+    def all_groups(self, name: str) -> np.ndarray:
+        """Every group ``name`` as ``(num_groups, group_size)`` int32 (ranks ascending for derived
+        groups), O(world). Not for ``embd``/``pos_embd``."""
+        lay = self.layout(name)
+        if lay is None:
+            raise ParallelConfigError(f"group {name!r} is not a partition of the world", "name", name)
+        tok = self.token(name)
+        if tok is not None:
+            return self.generator(tok[0]).groups(tok[1])
+        g = lay.groups()
+        return g.reshape(g.shape[0], -1)
+
+    # -- torch, through rankmesh.torch_layer ----------------------------------------------------
+    def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
+        """A :class:`rankmesh.torch_layer.MeshBuilder` over the shared world."""
+        return self.decoder.mesh_builder(device_type=device_type, rank=rank)
+
+    def process_groups(self, builder: MeshBuilder, names: Iterable[str] | None = None) -> dict[str, Any]:
+        """The caller's process group for each name (default: every group but the embedding
+        ones), created in Megatron's order so that every rank agrees; groups with the same
+        members share one process group. Size-1 groups use the fake backend."""
+        if names is None:
+            wanted = tuple(n for n in self.group_names if n not in ("embd", "pos_embd"))
+        else:
+            wanted = tuple(names)
+        out: dict[str, Any] = {}
+        for name in self.group_names:
+            if name not in wanted or name in ("embd", "pos_embd"):
+                continue
+            lay = self.layout(name)
+            if lay is None:
+                raise ParallelConfigError(
+                    f"group {name!r} is not a strided partition of the world; it cannot be built "
+                    "from a layout (pick num_distributed_optimizer_instances dividing dp)",
+                    "name",
+                    name,
+                )
+            out[name] = builder.process_group(lay, 0, fake=lay.size() == 1)
+        for name in wanted:
+            if name in ("embd", "pos_embd"):
+                raise ParallelConfigError(
+                    f"{name!r} groups do not cover the world; create them with "
+                    f"torch.distributed.new_group(group({name!r}, rank)) on their members",
+                    "names",
+                    name,
+                )
+            self._check_name(name)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelParallelLayout(world_size={self.world_size}, tp={self.tp}, pp={self.pp}, cp={self.cp}, "
+            f"dp={self.dp}, ep={self.ep}, expert_tp={self.expert_tp}, expert_dp={self.expert_dp}, "
+            f"order={self.order!r})"
+        )
+
+
+def model_parallel_layout(
+    world_size: int,
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    expert_tensor_parallel_size: int | None = None,
+    order: str = DEFAULT_ORDER,
+    num_distributed_optimizer_instances: int = 1,
+    hierarchical_context_parallel_sizes: Sequence[int] | None = None,
+    virtual_pipeline_model_parallel_size: int | None = None,
+    get_embedding_ranks: Callable[[list[int]], list[int]] | None = None,
+    get_position_embedding_ranks: Callable[[list[int]], list[int]] | None = None,
+    *,
+    world: MeshLayout | None = None,
+) -> ModelParallelLayout:
+    """The layouts of Megatron's ``initialize_model_parallel`` (same keyword names), with its checks.
+
+    Nothing is communicated: this is pure layout work, identical on every rank. Raises
+    :class:`ParallelConfigError` (a ``RuntimeError``, like Megatron) when ``world_size`` is not a
+    multiple of tp*pp*cp or of expert_tp*ep*pp, when a virtual pipeline is asked without pp > 1,
+    when the order does not end with pp and pp > 1 and the dense and expert dp sizes differ, when
+    the dense and expert pipeline groups differ, when dp*cp or the expert dp is not a multiple of
+    ``num_distributed_optimizer_instances``, and when the hierarchical cp sizes do not multiply
+    to cp.
+    """
+    world_size = _positive(world_size, "world_size")
+    tp = _positive(tensor_model_parallel_size, "tensor_model_parallel_size")
+    pp = _positive(pipeline_model_parallel_size, "pipeline_model_parallel_size")
+    cp = _positive(context_parallel_size, "context_parallel_size")
+    ep = _positive(expert_model_parallel_size, "expert_model_parallel_size")
+    etp = tp if expert_tensor_parallel_size is None else _positive(expert_tensor_parallel_size, "expert_tensor_parallel_size")
+    n_do = _positive(num_distributed_optimizer_instances, "num_distributed_optimizer_instances")
+
+    model = tp * pp * cp
+    if world_size % model:
+        raise ParallelConfigError(
+            f"world_size ({world_size}) is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model}; "
+            f"use a world that is a multiple of {model} or smaller degrees",
+            "world_size",
+            str(world_size),
+        )
+    dp = world_size // model
+    if virtual_pipeline_model_parallel_size is not None:
+        _positive(virtual_pipeline_model_parallel_size, "virtual_pipeline_model_parallel_size")
+        if not pp > 1:
+            raise ParallelConfigError(
+                "pipeline-model-parallel size should be greater than 1 with interleaved schedule "
+                "(virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1)",
+                "virtual_pipeline_model_parallel_size",
+                str(virtual_pipeline_model_parallel_size),
+            )
+    if world is None:
+        world = MeshLayout.world(world_size)
+    decoder = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order, world=world)
+
+    expert_model = etp * ep * pp
+    if world_size % expert_model:
+        raise ParallelConfigError(
+            f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
+            f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
+            "world_size",
+            str(world_size),
+        )
+    edp = world_size // expert_model
+    expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
+
+    if not (order.lower().endswith("pp") or pp == 1 or edp == dp):
+        raise ParallelConfigError(
+            f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the "
+            f"attention ({dp}) and MoE ({edp}) layers must be the same; put pp last or make "
+            "expert_tp*ep equal tp*cp",
+            "order",
+            order,
+        )
+    if not _same_partition(decoder.layout("pp"), expert.layout("pp")):
+        def step(g: RankGenerator) -> str:
+            return ",".join(str(d) for _, d in g.layout("pp").partition_key(0))
+
+        raise ParallelConfigError(
+            "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
+            f"with order {order!r} the dense pp groups step by {step(decoder)} ranks and the expert ones "
+            f"by {step(expert)}; put pp last in the order",
+            "order",
+            order,
+        )
+    if (dp * cp) % n_do:
+        raise ParallelConfigError(
+            f"data parallel size with cp ({dp}*{cp}) should be divisible by the partial DistOpt shard "
+            f"factor num_distributed_optimizer_instances ({n_do})",
+            "num_distributed_optimizer_instances",
+            str(n_do),
+        )
+    if edp % n_do:
+        raise ParallelConfigError(
+            f"expert data parallel size ({edp}) should be divisible by the partial DistOpt shard "
+            f"factor num_distributed_optimizer_instances ({n_do})",
+            "num_distributed_optimizer_instances",
+            str(n_do),
+        )
+    if hierarchical_context_parallel_sizes:
+        hs = [_positive(s, "hierarchical_context_parallel_sizes") for s in hierarchical_context_parallel_sizes]
+        if int(np.prod(hs)) != cp:
+            raise ParallelConfigError(
+                f"hierarchical_context_parallel_sizes {hs} multiply to {int(np.prod(hs))}, not cp ({cp})",
+                "hierarchical_context_parallel_sizes",
+                str(hs),
+            )
+    return ModelParallelLayout(
+        decoder,
+        expert,
+        num_distributed_optimizer_instances=n_do,
+        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+    )
+
+
+def _same_partition(a: MeshLayout, b: MeshLayout) -> bool:
+    if a.partition_key(0) == b.partition_key(0):
+        return True
+    if a.size() != b.size():
+        return False
+    return bool(np.array_equal(_group_labels(a), _group_labels(b)))
+
+
+def _group_labels(lay: MeshLayout) -> np.ndarray:
+    """For every rank, the smallest rank of its group: equal arrays <=> equal partitions. O(world)."""
+    g = lay.groups().reshape(-1, lay.size())
+    labels = np.empty(lay.world_size, dtype=np.int32)
+    labels[g] = g.min(axis=1, keepdims=True)
+    return labels

@@ -1,0 +1,247 @@
+"""The single-mesh convention: one mesh ``(pp, dp_replicate, dp_shard, ep, tp)`` keeping only
+the dims > 1.
+
+Many training loops build one ``DeviceMesh`` and slice it: the dims are taken in the order
+``pp, dp_replicate, dp_shard, ep, tp`` (slowest first, so tp ranks are neighbours), dims of size
+1 are dropped, except ``dp_shard``, which stays (at size 1) whenever tp or ep is > 1 because
+FSDP2 wants a shard dim next to them. A job with no parallelism at all is a flat
+``("dp_shard",)`` mesh of the world. ``dp_shard=-1`` takes whatever the other degrees leave,
+and ep is a factor of the world product here (not carved out of dp). There is no cp dim::
+
+    >>> m = single_mesh(64, pp=2, dp_replicate=2, tp=4)
+    >>> m.names, m.shape
+    (('pp', 'dp_replicate', 'dp_shard', 'tp'), (2, 2, 4, 4))
+    >>> single_mesh(8, tp=8).names, single_mesh(8, tp=8).shape
+    (('dp_shard', 'tp'), (1, 8))
+    >>> single_mesh(8).names, single_mesh(8).shape
+    (('dp_shard',), (8,))
+    >>> get_tp_mesh(m.layout).group(37, 0).tolist()
+    [36, 37, 38, 39]
+    >>> m.layout.coordinate_of(57)           # (pp, dp_replicate, dp_shard, tp)
+    (1, 1, 2, 1)
+    >>> get_dp_info(m.layout, rank=57)       # (dp rank, dp size) over dp_replicate x dp_shard
+    (6, 8)
+
+The helpers :func:`get_dp_mesh`, :func:`get_tp_mesh`, :func:`get_pp_mesh`, :func:`get_ep_mesh`
+and :func:`get_dp_info` take a :class:`~rankmesh.MeshLayout`, a :class:`SingleMesh` or a torch
+``DeviceMesh`` (such as :meth:`SingleMesh.device_mesh` builds through the torch layer).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rankmesh._native import MeshLayout
+from rankmesh.errors import InvalidSizeError, ParallelConfigError, SizeMismatchError
+
+if TYPE_CHECKING:
+    from rankmesh.torch_layer import MeshBuilder
+
+__all__ = [
+    "SINGLE_MESH_ORDER",
+    "SingleMesh",
+    "single_mesh",
+    "get_dp_mesh",
+    "get_tp_mesh",
+    "get_pp_mesh",
+    "get_ep_mesh",
+    "get_dp_info",
+]
+
+#: The dims of the single mesh, slowest first.
+SINGLE_MESH_ORDER: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "ep", "tp")
+DP_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard")
+
+
+def _degree(value: Any, field: str, *, allow_auto: bool = False) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{field} must be an int, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}") from None
+    if allow_auto and v == -1:
+        return v
+    if v < 1:
+        hint = " (or -1 to fill the rest of the world)" if allow_auto else ""
+        raise InvalidSizeError(f"{field} must be >= 1{hint}, got {v}", field, str(v))
+    return v
+
+
+@dataclass(frozen=True)
+class SingleMesh:
+    """A resolved single mesh: degrees, kept dims and their layout over the world."""
+
+    world_size: int
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    ep: int
+    tp: int
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+    layout: MeshLayout
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Every degree, including the dropped size-1 dims."""
+        return {n: getattr(self, n) for n in SINGLE_MESH_ORDER}
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def group(self, rank: int, dim: str) -> np.ndarray:
+        """``rank``'s group in ``dim`` (int32 ranks), O(group size)."""
+        return self.layout.group(rank, dim)
+
+    def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
+        """A :class:`rankmesh.torch_layer.MeshBuilder` over this mesh's world."""
+        from rankmesh.torch_layer import MeshBuilder
+
+        world = MeshLayout.world(self.world_size, rank_map=self.layout.rank_map())
+        return MeshBuilder(world, device_type=device_type, rank=rank)
+
+    def device_mesh(self, builder: MeshBuilder, *, fake_dims: tuple[str, ...] = ()):
+        """The caller's ``DeviceMesh`` of this layout, through the torch layer."""
+        return builder.device_mesh(self.layout, fake_dims=tuple(fake_dims))
+
+
+def single_mesh(
+    world_size: int,
+    *,
+    pp: int = 1,
+    dp_replicate: int = 1,
+    dp_shard: int = -1,
+    ep: int = 1,
+    tp: int = 1,
+    cp: int = 1,
+    rank_map: Any = None,
+) -> SingleMesh:
+    """Resolves the degrees and builds the single mesh's layout.
+
+    ``rank_map`` (a permutation of the ranks, e.g. from
+    :func:`rankmesh.topology.rank_map_from_hosts`) places ranks in the world like
+    :meth:`MeshLayout.world`. Raises :class:`~rankmesh.ParallelConfigError` for cp > 1 (this
+    convention has no cp dim), :class:`~rankmesh.InvalidSizeError` for a degree < 1 and
+    :class:`~rankmesh.SizeMismatchError` when the degrees do not multiply to the world.
+    """
+    world_size = _degree(world_size, "world_size")
+    cp = _degree(cp, "cp")
+    if cp > 1:
+        raise ParallelConfigError(
+            f"the single-mesh convention has no cp dim (got cp={cp}); use the torchtitan or "
+            "megatron convention for context parallelism",
+            "cp",
+            str(cp),
+        )
+    deg = {
+        "pp": _degree(pp, "pp"),
+        "dp_replicate": _degree(dp_replicate, "dp_replicate"),
+        "dp_shard": _degree(dp_shard, "dp_shard", allow_auto=True),
+        "ep": _degree(ep, "ep"),
+        "tp": _degree(tp, "tp"),
+    }
+    others = deg["pp"] * deg["dp_replicate"] * deg["ep"] * deg["tp"]
+    if deg["dp_shard"] == -1:
+        if world_size % others:
+            raise SizeMismatchError(
+                f"world_size {world_size} is not divisible by pp*dp_replicate*ep*tp = {others}, so "
+                "dp_shard=-1 cannot fill the rest; change the degrees or the world size",
+                "dp_shard",
+                "-1",
+            )
+        deg["dp_shard"] = world_size // others
+    total = others * deg["dp_shard"]
+    if total != world_size:
+        raise SizeMismatchError(
+            f"pp*dp_replicate*dp_shard*ep*tp = {'*'.join(str(deg[n]) for n in SINGLE_MESH_ORDER)} = "
+            f"{total}, not the world size {world_size}; pass dp_shard=-1 to fill the rest",
+            "world_size",
+            str(world_size),
+        )
+    keep_shard = deg["tp"] > 1 or deg["ep"] > 1
+    names = tuple(n for n in SINGLE_MESH_ORDER if deg[n] > 1 or (n == "dp_shard" and keep_shard))
+    if not names:
+        names = ("dp_shard",)
+    shape = tuple(deg[n] for n in names)
+    layout = MeshLayout.world(world_size, rank_map=rank_map).unflatten(0, shape, names)
+    return SingleMesh(world_size=world_size, names=names, shape=shape, layout=layout, **deg)
+
+
+# -- helpers over a MeshLayout, a SingleMesh or a DeviceMesh -------------------------------------
+
+
+def _mesh_and_names(mesh: Any) -> tuple[Any, tuple[str, ...]]:
+    if isinstance(mesh, SingleMesh):
+        mesh = mesh.layout
+    if isinstance(mesh, MeshLayout):
+        return mesh, tuple(mesh.names)
+    names = getattr(mesh, "mesh_dim_names", None)
+    if names is None:
+        raise TypeError(f"expected a MeshLayout, SingleMesh or a DeviceMesh with dim names, got {type(mesh).__name__}")
+    return mesh, tuple(names)
+
+
+def _sub(mesh: Any, wanted: tuple[str, ...]) -> Any:
+    mesh, names = _mesh_and_names(mesh)
+    present = tuple(n for n in names if n in wanted)
+    if not present:
+        return None
+    return mesh[present[0]] if len(present) == 1 else mesh[present]
+
+
+def get_dp_mesh(mesh: Any) -> Any:
+    """The data-parallel sub-mesh: ``("dp_replicate", "dp_shard")`` (2-D, for HSDP), or the one
+    of them that exists; None when the mesh has no dp dim."""
+    return _sub(mesh, DP_DIMS)
+
+
+def get_tp_mesh(mesh: Any) -> Any:
+    """The ``tp`` sub-mesh, or None."""
+    return _sub(mesh, ("tp",))
+
+
+def get_pp_mesh(mesh: Any) -> Any:
+    """The ``pp`` sub-mesh, or None."""
+    return _sub(mesh, ("pp",))
+
+
+def get_ep_mesh(mesh: Any) -> Any:
+    """The ``ep`` sub-mesh, or None."""
+    return _sub(mesh, ("ep",))
+
+
+def get_dp_info(mesh: Any, rank: int | None = None) -> tuple[int, int]:
+    """``(dp_rank, dp_size)`` across both dp dims (replicate-major): what a data loader needs.
+
+    For a :class:`MeshLayout`/:class:`SingleMesh` pass ``rank``; a ``DeviceMesh`` answers for
+    the calling rank (``rank`` must then be None or the caller). (0, 1) without dp dims."""
+    mesh, names = _mesh_and_names(mesh)
+    dp_rank, dp_size = 0, 1
+    if isinstance(mesh, MeshLayout):
+        if rank is None:
+            raise TypeError("get_dp_info(layout) needs the rank: get_dp_info(layout, rank=...)")
+        coord = mesh.coordinate_of(rank)
+        for i, n in enumerate(names):
+            if n in DP_DIMS:
+                size = mesh.size(i)
+                dp_rank, dp_size = dp_rank * size + int(coord[i]), dp_size * size
+        return dp_rank, dp_size
+    if rank is not None:
+        import torch.distributed as dist
+
+        if rank != dist.get_rank():
+            raise ValueError("a DeviceMesh answers for the calling rank only; use the MeshLayout for others")
+    coord = mesh.get_coordinate()
+    if coord is None:  # the caller is not in this mesh
+        raise ValueError("the calling rank is not part of this DeviceMesh")
+    for i, n in enumerate(names):
+        if n in DP_DIMS:
+            size = mesh.size(i)
+            dp_rank, dp_size = dp_rank * size + int(coord[i]), dp_size * size
+    return dp_rank, dp_size

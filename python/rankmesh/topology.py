@@ -1,0 +1,387 @@
+"""Which mesh dims stay inside a node, which cross nodes, and layouts that follow the hardware.
+
+A node holds ``gpus_per_node`` consecutive ranks (torchrun's numbering: node = rank //
+gpus_per_node), unless a host list says otherwise. For the calling rank, the report costs
+O(group size) per dim; the optional whole-world check looks at every group (O(W) per dim)::
+
+    >>> from rankmesh import MeshLayout
+    >>> mesh = MeshLayout.world(64).unflatten("world", (4, 2, 8), ("dp", "cp", "tp"))
+    >>> rep = topology_report(mesh, rank=13, gpus_per_node=8)
+    >>> [(d.dim, d.size, d.nodes) for d in rep.dims]
+    [('dp', 4, 4), ('cp', 2, 2), ('tp', 8, 1)]
+    >>> rep.inside_node, rep.across_nodes
+    (('tp',), ('dp', 'cp'))
+
+Strict mode turns a bandwidth-hungry dim (tp always, ep and cp when asked) that spans nodes into
+a :class:`~rankmesh.TopologyError`. It always decides from every group of the dim (the
+whole-world check), so that every rank reaches the same verdict: a check of the caller's group
+alone could fail on some ranks and pass on others, which leaves the others waiting in a
+collective forever::
+
+    >>> topology_report(mesh, rank=0, gpus_per_node=8, strict=True, strict_dims=("cp",))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+      ...
+    rankmesh.errors.TopologyError: cp (2 ranks) spans 2 nodes (8 GPUs per node), but it is bandwidth-hungry: ...
+
+:func:`rank_map_from_hosts` turns the host of every rank (e.g. gathered at init with
+``all_gather_object(socket.gethostname())``) into a rank map that places ranks host by host, so
+that a layout built on ``MeshLayout.world(W, rank_map=...)`` keeps its fast dims on one host even
+when the launcher numbered ranks otherwise.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rankmesh._native import MeshLayout
+from rankmesh.errors import InvalidSizeError, TopologyError
+
+__all__ = [
+    "BANDWIDTH_HUNGRY",
+    "DimTopology",
+    "TopologyReport",
+    "topology_report",
+    "gpus_per_node_from_env",
+    "rank_map_from_hosts",
+    "node_of_rank_from_hosts",
+]
+
+#: Families of bandwidth-hungry dims, by the name strict mode is asked with; ``tp`` is always on.
+BANDWIDTH_HUNGRY: dict[str, tuple[str, ...]] = {
+    "tp": ("tp", "etp", "ep_tp"),
+    "ep": ("ep",),
+    "cp": ("cp",),
+}
+
+
+def gpus_per_node_from_env() -> int | None:
+    """``LOCAL_WORLD_SIZE`` (set by torchrun) as an int, or None when unset."""
+    v = os.environ.get("LOCAL_WORLD_SIZE")
+    if v is None or not v.strip():
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise TopologyError(
+            f"LOCAL_WORLD_SIZE={v!r} is not an integer; unset it or pass gpus_per_node", "LOCAL_WORLD_SIZE", v
+        ) from None
+    if n < 1:
+        raise TopologyError(f"LOCAL_WORLD_SIZE={n} must be >= 1", "LOCAL_WORLD_SIZE", v)
+    return n
+
+
+def _hosts_index(hostnames: Sequence[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """(host index of every rank, hosts in order of first appearance, ranks per host)."""
+    if isinstance(hostnames, str):
+        raise TypeError("hostnames must be a sequence with one host name per rank, not one str")
+    hosts = list(hostnames)
+    if not hosts:
+        raise TopologyError("hostnames is empty; give one host name per rank", "hostnames", "[]")
+    index: dict[str, int] = {}
+    node = np.empty(len(hosts), dtype=np.int32)
+    for r, h in enumerate(hosts):
+        if not isinstance(h, str):
+            raise TypeError(f"hostnames[{r}] must be a str, got {type(h).__name__}")
+        node[r] = index.setdefault(h, len(index))
+    counts = np.bincount(node, minlength=len(index))
+    if counts.min() != counts.max():
+        names = list(index)
+        detail = ", ".join(f"{names[i]}: {int(c)}" for i, c in enumerate(counts[:8]))
+        more = f", ... ({len(names)} hosts)" if len(names) > 8 else ""
+        raise TopologyError(
+            f"hosts hold different numbers of ranks ({detail}{more}); a mesh needs the same number "
+            "of ranks on every host: launch the same number of processes per node",
+            "hostnames",
+            f"{int(counts.min())}..{int(counts.max())} ranks per host",
+        )
+    return node, list(index), counts
+
+
+def node_of_rank_from_hosts(hostnames: Sequence[str]) -> tuple[np.ndarray, int]:
+    """``(node index of every rank, gpus per node)`` from the host of every rank; nodes are
+    numbered in order of first appearance. Raises :class:`TopologyError` for uneven hosts."""
+    node, _, counts = _hosts_index(hostnames)
+    return node, int(counts[0])
+
+
+def rank_map_from_hosts(hostnames: Sequence[str]) -> np.ndarray:
+    """A rank map placing ranks host by host: ``hostnames[r]`` is the host of rank ``r``.
+
+    Hosts come in order of first appearance, each host's ranks ascending, so mesh index
+    ``i`` lives on host ``i // gpus_per_node``. Pass it to ``MeshLayout.world(W, rank_map=...)``::
+
+        >>> rank_map = rank_map_from_hosts(["a", "b", "a", "b"])   # a round-robin launcher
+        >>> rank_map.tolist()
+        [0, 2, 1, 3]
+        >>> mesh = MeshLayout.world(4, rank_map=rank_map).unflatten("world", (2, 2), ("dp", "tp"))
+        >>> mesh.group(2, "tp").tolist()                          # both on host "a"
+        [0, 2]
+
+    Raises :class:`TopologyError` when hosts hold different numbers of ranks.
+    """
+    node, _, _ = _hosts_index(hostnames)
+    return np.argsort(node, kind="stable").astype(np.int32)
+
+
+@dataclass(frozen=True)
+class DimTopology:
+    """How one dim of one mesh sits on the nodes.
+
+    Attributes:
+        mesh: the mesh's label ("" for a lone layout).
+        dim: the dim's name.
+        size: ranks per group.
+        nodes: nodes the caller's group spans.
+        node_ids: the nodes of the caller's group, ascending (at most 16 listed).
+        min_nodes, max_nodes: nodes spanned by the least / most spread group of the dim, over the
+            whole world; None unless the whole-world check ran.
+    """
+
+    mesh: str
+    dim: str
+    size: int
+    nodes: int
+    node_ids: tuple[int, ...]
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``mesh.dim``, or just the dim for a lone layout or a 1-D mesh named after its dim."""
+        return f"{self.mesh}.{self.dim}" if self.mesh and self.mesh != self.dim else self.dim
+
+    @property
+    def intra_node(self) -> bool:
+        """The caller's group stays inside one node."""
+        return self.nodes == 1
+
+    @property
+    def all_intra_node(self) -> bool | None:
+        """Every group of the dim stays inside a node (None without the whole-world check)."""
+        return None if self.max_nodes is None else self.max_nodes == 1
+
+
+@dataclass(frozen=True)
+class TopologyReport:
+    """Where the caller's groups live. :meth:`format` prints it."""
+
+    gpus_per_node: int
+    num_nodes: int
+    rank: int
+    node: int
+    dims: tuple[DimTopology, ...]
+    whole_world: bool
+
+    def _names(self, pred) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(d.label for d in self.dims if pred(d)))
+
+    @property
+    def inside_node(self) -> tuple[str, ...]:
+        """Dims whose caller's group stays inside its node."""
+        return self._names(lambda d: d.intra_node)
+
+    @property
+    def across_nodes(self) -> tuple[str, ...]:
+        """Dims whose caller's group spans nodes."""
+        return self._names(lambda d: not d.intra_node)
+
+    def violations(self, hungry: Iterable[str] = ("tp",)) -> tuple[DimTopology, ...]:
+        """Bandwidth-hungry dims (families of :data:`BANDWIDTH_HUNGRY`, tp always) whose groups span
+        nodes: any group with the whole-world check, else the caller's."""
+        names = _hungry_names(hungry)
+        out = []
+        for d in self.dims:
+            if d.dim in names and (d.max_nodes if d.max_nodes is not None else d.nodes) > 1:
+                out.append(d)
+        return tuple(out)
+
+    def format(self, indent: str = "  ") -> str:
+        lines = [
+            f"{self.num_nodes} node(s) of {self.gpus_per_node} GPUs; rank {self.rank} is on node {self.node}"
+        ]
+        width = max((len(d.label) for d in self.dims), default=0)
+        for d in self.dims:
+            if d.intra_node:
+                where = f"inside node {d.node_ids[0]}"
+            else:
+                ids = ", ".join(map(str, d.node_ids[:4])) + (", ..." if d.nodes > 4 else "")
+                where = f"spans {d.nodes} nodes ({ids})"
+            extra = ""
+            if d.max_nodes is not None:
+                if d.max_nodes == 1:
+                    extra = "; every group inside a node"
+                elif d.min_nodes == d.max_nodes:
+                    extra = f"; every group spans {d.max_nodes} nodes"
+                else:
+                    extra = f"; groups span {d.min_nodes}-{d.max_nodes} nodes"
+            lines.append(f"{indent}{d.label:<{width}}  {d.size:>8} ranks  {where}{extra}")
+        for title, names in (("inside a node: ", self.inside_node), ("across nodes:  ", self.across_nodes)):
+            lines.append(
+                textwrap.fill(
+                    ", ".join(names) or "-",
+                    width=100,
+                    initial_indent=indent + title,
+                    subsequent_indent=indent + " " * len(title),
+                    break_on_hyphens=False,
+                )
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _hungry_names(hungry: Iterable[str]) -> set[str]:
+    names = set(BANDWIDTH_HUNGRY["tp"])
+    for h in hungry:
+        if h not in BANDWIDTH_HUNGRY:
+            raise TopologyError(
+                f"unknown bandwidth-hungry family {h!r}; choose from {', '.join(BANDWIDTH_HUNGRY)}", "strict_dims", h
+            )
+        names.update(BANDWIDTH_HUNGRY[h])
+    return names
+
+
+def _as_meshes(meshes: Any) -> dict[str, MeshLayout]:
+    if isinstance(meshes, MeshLayout):
+        return {"": meshes}
+    layout = getattr(meshes, "layout", None)  # e.g. a SingleMesh
+    if isinstance(layout, MeshLayout):
+        return {"": layout}
+    if isinstance(meshes, Mapping):
+        out = {}
+        for k, v in meshes.items():
+            if not isinstance(v, MeshLayout):
+                raise TypeError(f"meshes[{k!r}] must be a MeshLayout, got {type(v).__name__}")
+            out[str(k)] = v
+        return out
+    raise TypeError(f"meshes must be a MeshLayout or a mapping of name -> MeshLayout, got {type(meshes).__name__}")
+
+
+def _nodes_spanned(node_rows: np.ndarray) -> np.ndarray:
+    """Distinct values per row of a 2-D array."""
+    s = np.sort(node_rows, axis=1)
+    return 1 + np.count_nonzero(np.diff(s, axis=1), axis=1)
+
+
+def topology_report(
+    meshes: MeshLayout | Mapping[str, MeshLayout] | Any,
+    rank: int,
+    gpus_per_node: int | None = None,
+    *,
+    hostnames: Sequence[str] | None = None,
+    whole_world: bool = False,
+    strict: bool = False,
+    strict_dims: Iterable[str] = (),
+) -> TopologyReport:
+    """Which dims of ``meshes`` keep ``rank``'s groups inside a node, and how many nodes each spans.
+
+    Args:
+        meshes: a layout, a mapping ``{label: layout}`` (all over one world), or an object with a
+            ``.layout`` (e.g. :class:`rankmesh.single.SingleMesh`).
+        rank: the caller's rank.
+        gpus_per_node: ranks per node; defaults to ``LOCAL_WORLD_SIZE``. Node of rank ``r`` is
+            ``r // gpus_per_node``.
+        hostnames: the host of every rank instead (nodes in order of first appearance).
+        whole_world: also look at every group of every dim (O(W) per dim) for min/max nodes.
+        strict: raise :class:`TopologyError` when a bandwidth-hungry dim spans nodes: tp (and
+            etp) always, plus the families in ``strict_dims`` (``"ep"``, ``"cp"``). Strict mode
+            checks the hungry dims over the whole world so that every rank agrees.
+
+    Cost: O(group size) per dim for the caller; O(W) per dim checked over the whole world.
+    """
+    by_name = _as_meshes(meshes)
+    if not by_name:
+        raise TopologyError("no mesh to report on", "meshes", "{}")
+    world_sizes = {m.world_size for m in by_name.values()}
+    if len(world_sizes) != 1:
+        raise TopologyError(f"meshes over different worlds: sizes {sorted(world_sizes)}", "meshes", str(sorted(world_sizes)))
+    world = world_sizes.pop()
+    node_of: np.ndarray | None = None
+    if hostnames is not None:
+        node_of, gpn = node_of_rank_from_hosts(hostnames)
+        if len(node_of) != world:
+            raise TopologyError(
+                f"{len(node_of)} host names for a world of {world} ranks; give one per rank", "hostnames", str(len(node_of))
+            )
+        if gpus_per_node is not None and int(gpus_per_node) != gpn:
+            raise TopologyError(
+                f"gpus_per_node={gpus_per_node} but the hosts hold {gpn} ranks each", "gpus_per_node", str(gpus_per_node)
+            )
+    else:
+        if gpus_per_node is None:
+            gpus_per_node = gpus_per_node_from_env()
+        if gpus_per_node is None:
+            raise TopologyError(
+                "gpus_per_node is unknown: pass gpus_per_node (or hostnames), or set LOCAL_WORLD_SIZE",
+                "gpus_per_node",
+                "None",
+            )
+        gpn = operator.index(gpus_per_node)
+        if gpn < 1:
+            raise InvalidSizeError(f"gpus_per_node must be >= 1, got {gpn}", "gpus_per_node", str(gpn))
+        if world % gpn:
+            raise TopologyError(
+                f"a world of {world} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
+                "gpus_per_node, or hostnames when nodes differ",
+                "gpus_per_node",
+                str(gpn),
+            )
+    rank = operator.index(rank)
+    hungry = _hungry_names(strict_dims) if strict else set()
+
+    def nodes(ranks: np.ndarray) -> np.ndarray:
+        return node_of[ranks] if node_of is not None else ranks // gpn
+
+    dims: list[DimTopology] = []
+    for label, layout in by_name.items():
+        for i, name in enumerate(layout.names):
+            mine = np.unique(nodes(layout.group(rank, i)))
+            lo = hi = None
+            if whole_world or name in hungry:
+                rows = layout[name].groups().reshape(-1, int(layout.size(i)))
+                spans = _nodes_spanned(nodes(rows))
+                lo, hi = int(spans.min()), int(spans.max())
+            dims.append(
+                DimTopology(
+                    mesh=label,
+                    dim=name,
+                    size=int(layout.size(i)),
+                    nodes=int(mine.size),
+                    node_ids=tuple(int(x) for x in mine[:16]),
+                    min_nodes=lo,
+                    max_nodes=hi,
+                )
+            )
+    my_node = int(nodes(np.asarray([rank]))[0]) if 0 <= rank < world else -1
+    if my_node < 0:
+        # MeshLayout.group raised already for a bad rank when there is a dim; keep the message
+        raise TopologyError(f"rank {rank} is outside the world of {world} ranks", "rank", str(rank))
+    report = TopologyReport(
+        gpus_per_node=gpn,
+        num_nodes=world // gpn,
+        rank=rank,
+        node=my_node,
+        dims=tuple(dims),
+        whole_world=whole_world,
+    )
+    if strict:
+        bad = report.violations(strict_dims)
+        if bad:
+            d = bad[0]
+            others = "; also " + ", ".join(b.label for b in bad[1:]) if len(bad) > 1 else ""
+            raise TopologyError(
+                f"{d.label} ({d.size} ranks) spans {d.max_nodes} nodes ({gpn} GPUs per node), but it is "
+                f"bandwidth-hungry: keep it inside a node (make it the fastest dim with a size dividing "
+                f"{gpn}, or place ranks with rank_map_from_hosts){others}",
+                d.label,
+                str(d.max_nodes),
+            )
+    return report
