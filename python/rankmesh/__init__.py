@@ -14,9 +14,14 @@ A rank needs only its own groups, and each is a pure function of (layout, rank):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import (
+    ConfigMismatchError,
+    ConsistencyTimeoutError,
     DimOutOfRangeError,
+    DistributedStateError,
     DuplicateNameError,
     EmptySliceError,
     IncompatibleLayoutError,
@@ -26,18 +31,60 @@ from rankmesh.errors import (
     InvalidRankMapError,
     InvalidSizeError,
     LayoutOverflowError,
+    ParallelConfigError,
+    ParallelDimsError,
     RankmeshError,
     RankOutOfRangeError,
     SizeMismatchError,
     SliceOrderError,
+    TopologyError,
     UnknownNameError,
 )
+from rankmesh.megatron import ModelParallelLayout, RankGenerator, model_parallel_layout
+from rankmesh.single import SingleMesh, single_mesh
+from rankmesh.topology import rank_map_from_hosts, topology_report
+
+if TYPE_CHECKING:
+    from rankmesh.parallel_dims import ParallelDims
+    from rankmesh.torch_layer import BuildReport, MeshBuilder, check_consistency
 
 __version__ = "0.1.0"
+
+# The torch layer imports torch (seconds); the layout algebra needs only numpy. Import it lazily.
+_LAZY = {
+    "ParallelDims": "rankmesh.parallel_dims",
+    "MeshBuilder": "rankmesh.torch_layer",
+    "BuildReport": "rankmesh.torch_layer",
+    "check_consistency": "rankmesh.torch_layer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rankmesh' has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_WORLD_SIZE",
     "MeshLayout",
+    # torch layer and conventions
+    "ParallelDims",
+    "MeshBuilder",
+    "BuildReport",
+    "check_consistency",
+    "RankGenerator",
+    "ModelParallelLayout",
+    "model_parallel_layout",
+    "SingleMesh",
+    "single_mesh",
+    "topology_report",
+    "rank_map_from_hosts",
+    # errors
     "RankmeshError",
     "InvalidSizeError",
     "SizeMismatchError",
@@ -53,4 +100,10 @@ __all__ = [
     "IncompatibleLayoutError",
     "InvalidLayoutError",
     "InternalError",
+    "ParallelDimsError",
+    "ParallelConfigError",
+    "TopologyError",
+    "DistributedStateError",
+    "ConfigMismatchError",
+    "ConsistencyTimeoutError",
 ]
