@@ -21,9 +21,11 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from rankmesh._stock import mesh_exists
+from rankmesh._stock import stock_build as _stock_build
 from rankmesh.errors import ParallelDimsError, RankmeshError, UnknownNameError
 from rankmesh.parallel_dims import ParallelDims
 
@@ -48,40 +50,10 @@ def fake_world(world_size: int, rank: int):
 
 
 def stock_build(cfg: dict[str, int], world_size: int):
-    """torchtitan 183a0d2's meshes, built by stock torch. Returns (world, globals, 1-D meshes)."""
-    pp, dpr, dps, cp, tp, ep, etp = (cfg[k] for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"))
-    if dps < 0:
-        dps = world_size // (dpr * cp * tp * pp)
-    batch, fsdp = dpr * dps, dps * cp
-    efsdp = fsdp * tp // (etp * ep)
-
-    def exists(name: str, degree: int) -> bool:
-        return ep > 1 if name == "efsdp" else degree > 1
-
-    world = init_device_mesh("cpu", (world_size,), mesh_dim_names=("world",))
-
-    def unflatten(names, degrees):
-        override = {n: "fake" for n, d in zip(names, degrees) if n == "batch" or not exists(n, d)}
-        return world._unflatten(0, degrees, names, backend_override=override)
-
-    dl = unflatten(GLOBAL["dataloading"], (pp, batch, cp, tp))
-    loss = dl["batch", "cp"]._flatten("loss_mesh")
-    dense = unflatten(GLOBAL["dense"], (pp, dpr, fsdp, tp))
-    sparse = unflatten(GLOBAL["sparse"], (pp, dpr, efsdp, ep, etp))
-    globals_ = {"dataloading": dl, "loss": loss, "dense": dense, "sparse": sparse}
-    meshes = {
-        "pp": dl["pp"],
-        "batch": dl["batch"],
-        "loss": loss,
-        "dp_replicate": dense["dp_replicate"],
-        "fsdp": dense["fsdp"],
-        "cp": dl["cp"],
-        "tp": dl["tp"],
-        "ep": sparse["ep"],
-        "efsdp": sparse["efsdp"],
-        "etp": sparse["etp"],
-    }
-    return world, globals_, meshes, exists
+    """torchtitan 183a0d2's meshes, built by stock torch (rankmesh._stock, also the benchmark's
+    baseline). Returns (world, globals, 1-D meshes, torchtitan's mesh-exists predicate)."""
+    b = _stock_build(**cfg, world_size=world_size, device_type="cpu")
+    return b.world_mesh, b.global_meshes, b.meshes, lambda name, degree: mesh_exists(name, degree, cfg["ep"])
 
 
 def ranks(pg) -> list[int]:

@@ -36,7 +36,6 @@ import operator
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
