@@ -31,6 +31,7 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.parallel_dims import ParallelDims
+from rankmesh._torchtitan import fake_dims as fake_dims_of
 from rankmesh.torch_layer import BuildReport, MeshBuilder, _from_i64, _to_i64, check_consistency
 
 
@@ -105,7 +106,7 @@ def expected_groups(pd: ParallelDims) -> tuple[int, int, int]:
     real = fake = default = 0
     for name, layout in pd.layouts.items():
         sizes = dict(zip(layout.names, layout.shape))
-        fake_dims = set() if name == "loss" else set(pd._fake_dims(tuple(layout.names), tuple(layout.shape)))
+        fake_dims = fake_dims_of(name, layout, pd.ep)
         for d in layout.names:
             if sizes[d] == W:
                 default += 1

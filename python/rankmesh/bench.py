@@ -53,6 +53,7 @@ def measure(impl: str, world: int, rank: int) -> dict:
     # DeviceMesh slicing imports these lazily on first use (~0.3 s); both sides would pay it once
     # per process, and a training job has them loaded anyway. Import cost is not mesh init.
     import torch.fx.experimental.proxy_tensor  # noqa: F401
+    from rankmesh import _torchtitan as _tt
     from rankmesh.parallel_dims import ParallelDims
     from rankmesh.torch_layer import MeshBuilder
 
@@ -70,7 +71,7 @@ def measure(impl: str, world: int, rank: int) -> dict:
         layouts = pd.layouts
         builder = MeshBuilder(layouts["world"], device_type="cpu")
         for name, lay in layouts.items():
-            fake = set(pd._fake_dims(tuple(lay.names), tuple(lay.shape))) if name != "loss" else set()
+            fake = _tt.fake_dims(name, lay, pd.ep)
             for d in lay.names:
                 builder.process_group(lay, d, fake=d in fake)
         get = lambda r: None  # noqa: E731  (no DeviceMesh to fetch)

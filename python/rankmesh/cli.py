@@ -26,18 +26,13 @@ from typing import NoReturn, TextIO
 
 import numpy as np
 
+from rankmesh import _torchtitan as _tt
 from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import ParallelConfigError, RankmeshError
 
 __all__ = ["main", "Plan", "build_plan", "count_process_groups", "format_group"]
 
 CONVENTIONS = ("torchtitan", "megatron", "single")
-#: torchtitan's global meshes (its ParallelDims, "Use new DeviceMesh unflatten"), slowest dim first.
-TORCHTITAN_MESHES: dict[str, tuple[str, ...]] = {
-    "dataloading": ("pp", "batch", "cp", "tp"),
-    "dense": ("pp", "dp_replicate", "fsdp", "tp"),
-    "sparse": ("pp", "dp_replicate", "efsdp", "ep", "etp"),
-}
 #: Above this world size the whole-world topology check (O(W) per dim) is skipped.
 WHOLE_WORLD_LIMIT = 1 << 22
 #: The largest world ``plan`` takes: it materialises the caller's groups (a dp group can hold
@@ -138,31 +133,10 @@ def _torchtitan_plan(world: int, tp: int, pp: int, cp: int, ep: int, dp_replicat
             "splits those ranks into efsdp x ep x etp",
             f"choose --ep (and --etp) so that ep*etp divides {fsdp * tp}",
         )
-    deg = {
-        "pp": pp,
-        "batch": dp_replicate * dp_shard,
-        "dp_replicate": dp_replicate,
-        "fsdp": fsdp,
-        "cp": cp,
-        "tp": tp,
-        "ep": ep,
-        "efsdp": fsdp * tp // (ep * etp),
-        "etp": etp,
-    }
-    w = MeshLayout.world(world)
-    meshes: dict[str, MeshLayout] = {}
-    fake: dict[str, frozenset[str]] = {}
-
-    def exists(name: str) -> bool:  # torchtitan's _mesh_exist
-        return ep > 1 if name == "efsdp" else deg[name] > 1
-
-    for label, dims in TORCHTITAN_MESHES.items():
-        meshes[label] = w.unflatten("world", tuple(deg[d] for d in dims), dims)
-        fake[label] = frozenset(d for d in dims if d == "batch" or not exists(d))
-        if label == "dataloading":
-            meshes["loss"] = meshes[label]["batch", "cp"].flatten("loss")
-            fake["loss"] = frozenset()
-    meshes = {k: meshes[k] for k in ("dataloading", "loss", "dense", "sparse")}
+    deg = _tt.degrees(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp)
+    built = _tt.layouts(world, deg, loss_name="loss")
+    meshes = {k: built[k] for k in ("dataloading", "loss", "dense", "sparse")}
+    fake = {k: _tt.fake_dims(k, lay, ep) for k, lay in meshes.items()}
     degrees = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "ep": ep, "etp": etp}
     derived = {
         "batch": f"{deg['batch']} (dp_replicate*dp_shard)",

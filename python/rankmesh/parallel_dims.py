@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from rankmesh import _torchtitan as _tt
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ParallelDimsError, RankmeshError, UnknownNameError
 from rankmesh.torch_layer import BuildReport, MeshBuilder
@@ -49,12 +50,6 @@ __all__ = ["ParallelDims"]
 
 logger = logging.getLogger("rankmesh")
 
-GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
-    "dataloading": ("pp", "batch", "cp", "tp"),
-    "dense": ("pp", "dp_replicate", "fsdp", "tp"),
-    "sparse": ("pp", "dp_replicate", "efsdp", "ep", "etp"),
-}
-LOSS_DIM_NAME = "loss_mesh"  # torchtitan's name for the flattened (batch, cp) dim
 
 
 def _default_device_type() -> str:
@@ -161,41 +156,22 @@ class ParallelDims:
             )
 
     def _mesh_exist(self, name: str, degree: int) -> bool:
-        if name == "efsdp":
-            # As torchtitan: efsdp exists whenever ep > 1 (MoE layers are FSDP-wrapped for
-            # mixed precision), even at degree 1.
-            return self.ep > 1
-        return degree > 1
+        return _tt.mesh_exists(name, degree, self.ep)
 
     # -- layouts -----------------------------------------------------------------------------
 
     def _degrees(self) -> dict[str, int]:
-        fsdp = self.dp_shard * self.cp
-        return {
-            "pp": self.pp,
-            "batch": self.dp_replicate * self.dp_shard,
-            "loss": self.dp_replicate * self.dp_shard * self.cp,
-            "dp_replicate": self.dp_replicate,
-            "fsdp": fsdp,
-            "cp": self.cp,
-            "tp": self.tp,
-            "ep": self.ep,
-            "efsdp": fsdp * self.tp // (self.etp * self.ep),
-            "etp": self.etp,
-        }
+        return _tt.degrees(
+            dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
+            pp=self.pp, ep=self.ep, etp=self.etp,
+        )  # fmt: skip
 
     @property
     def layouts(self) -> dict[str, MeshLayout]:
         """The rankmesh layouts of the meshes: ``world``, ``dataloading``, ``loss``, ``dense``,
         ``sparse`` (pure functions of the degrees; no process group involved)."""
         if self._layouts is None:
-            deg = self._degrees()
-            world = MeshLayout.world(self.world_size)
-            out = {"world": world}
-            for mesh_name, dims in GLOBAL_MESH_DIMS.items():
-                out[mesh_name] = world.unflatten("world", tuple(deg[d] for d in dims), dims)
-            out["loss"] = out["dataloading"]["batch", "cp"].flatten(LOSS_DIM_NAME)
-            self._layouts = {k: out[k] for k in ("world", "dataloading", "loss", "dense", "sparse")}
+            self._layouts = _tt.layouts(self.world_size, self._degrees())
         return self._layouts
 
     @property
@@ -207,9 +183,6 @@ class ParallelDims:
             h.update(name.encode())
             h.update(struct.pack("<Q", layout.fingerprint()))
         return int.from_bytes(h.digest(), "little")
-
-    def _fake_dims(self, names: tuple[str, ...], sizes: tuple[int, ...]) -> tuple[str, ...]:
-        return tuple(n for n, s in zip(names, sizes) if n == "batch" or not self._mesh_exist(n, s))
 
     # -- building ------------------------------------------------------------------------------
 
@@ -254,11 +227,8 @@ class ParallelDims:
         world_mesh = builder.device_mesh(layouts["world"])
         global_meshes: dict[str, DeviceMesh] = {}
         for name in ("dataloading", "loss", "dense", "sparse"):
-            layout = layouts[name]
-            fake = self._fake_dims(tuple(layout.names), tuple(layout.shape))
-            if name == "loss":
-                fake = ()  # torchtitan flattens with the default backend (size 1 is fake anyway)
-            global_meshes[name] = builder.device_mesh(layout, fake_dims=fake)
+            fake = _tt.fake_dims(name, layouts[name], self.ep)
+            global_meshes[name] = builder.device_mesh(layouts[name], fake_dims=fake)
         dl, loss, dense, sparse = (global_meshes[k] for k in ("dataloading", "loss", "dense", "sparse"))
         # The 1-D meshes are torch slices of the global meshes, as in torchtitan: they share the
         # global mesh's rank map, which FSDP2 needs to concatenate a DP mesh with a TP/EP mesh.
