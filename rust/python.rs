@@ -188,6 +188,15 @@ impl PyMeshLayout {
         guarded(py, || inner.slice(&names)).map(Self::wrap)
     }
 
+    /// A layout over this layout's world from raw `(size, stride)` modes per dim, validated
+    /// (`InvalidLayoutError` when they overlap or do not tile the world). O(modes): the world
+    /// and its rank map are shared, not copied.
+    fn with_modes(&self, py: Python<'_>, axes: Vec<Vec<(u64, u64)>>, names: Vec<String>) -> PyResult<Self> {
+        let modes: Vec<Vec<Mode>> = axes.iter().map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect()).collect();
+        let w: Arc<World> = self.inner.world_arc().clone();
+        guarded(py, || Layout::from_parts(w, &modes, &names)).map(Self::wrap)
+    }
+
     /// A 1-D layout over all dims of this one (adjacent or not), like `DeviceMesh._flatten`.
     #[pyo3(signature = (name = None))]
     fn flatten(&self, py: Python<'_>, name: Option<String>) -> PyResult<Self> {

@@ -108,7 +108,7 @@ def expected_groups(pd: ParallelDims) -> tuple[int, int, int]:
         sizes = dict(zip(layout.names, layout.shape))
         fake_dims = fake_dims_of(name, layout, pd.ep)
         for d in layout.names:
-            if sizes[d] == W:
+            if sizes[d] == W and d not in fake_dims:  # torch's rule: an override is honoured
                 default += 1
                 continue
             backend = "fake" if (d in fake_dims or sizes[d] == 1) else "real"
@@ -176,10 +176,13 @@ def test_world_sized_dims_reuse_the_default_group():
         builder = MeshBuilder(world)
         assert builder.process_group(mesh, "all") is default
         assert builder.process_group(mesh["all"].flatten("again"), 0) is default
-        assert builder.process_group(mesh, "all", fake=True) is default  # nothing to create
+        # torch honours a fake override on a world-sized dim: a W-rank fake group
+        pg = builder.process_group(mesh, "all", fake=True)
+        assert pg is not default and pg._get_backend_name() == "custom"
+        assert dist.get_process_group_ranks(pg) == list(range(W))
         assert builder.process_group(world, "world") is default
         rep = builder.report()
-        assert (rep.created, rep.reused_default) == (0, 4)
+        assert (rep.created, rep.fake, rep.reused_default) == (1, 1, 3)
 
 
 def test_size_one_and_fake_dims_use_the_fake_backend(monkeypatch):

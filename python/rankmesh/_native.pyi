@@ -66,6 +66,21 @@ class MeshLayout:
             DuplicateNameError.
         """
 
+    def with_modes(self, axes: Sequence[Sequence[tuple[int, int]]], names: Sequence[str]) -> MeshLayout:
+        """A layout over this layout's world from raw ``(size, stride)`` modes per dim (torch's
+        ``_FlatLayout`` shapes and strides), e.g. to mirror a layout torch's algebra produced.
+        O(modes); the world and its rank map are shared.
+
+        >>> w = MeshLayout.world(8)
+        >>> w.with_modes([[(2, 4)], [(4, 1)]], ["dp", "tp"]) == w.unflatten("world", (2, 4), ("dp", "tp"))
+        True
+
+        Raises:
+            InvalidLayoutError: the modes overlap or do not tile the world.
+            SizeMismatchError: ``len(axes) != len(names)``.
+            DuplicateNameError, InvalidNameError.
+        """
+
     def flatten(self, name: str | None = None) -> MeshLayout:
         """A 1-D layout over all dims of this one (adjacent or not), like
         ``DeviceMesh._flatten``; ``name`` defaults to the dim names joined by ``"_"``."""

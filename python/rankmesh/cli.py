@@ -27,6 +27,7 @@ from typing import NoReturn, TextIO
 import numpy as np
 
 from rankmesh import _torchtitan as _tt
+from rankmesh._groups import DEFAULT, FAKE, group_key
 from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import ParallelConfigError, RankmeshError
 
@@ -265,13 +266,12 @@ def count_process_groups(plan: Plan) -> GroupCount:
     default: list[str] = []
     for label, lay in plan.built().items():
         for i, name in enumerate(lay.names):
-            size = int(lay.size(i))
             tag = plan.tag(label, name)
-            if size == plan.world_size:
+            key = group_key(lay, i, world_size=plan.world_size, fake=name in plan.fake.get(label, ()))
+            if key == DEFAULT:
                 default.append(tag)
                 continue
-            is_fake = size == 1 or name in plan.fake.get(label, ())
-            (fake if is_fake else real).setdefault(tuple(lay.partition_key(i)), []).append(tag)
+            (fake if key[1] == FAKE else real).setdefault(key, []).append(tag)
     return GroupCount(list(real.values()), list(fake.values()), default)
 
 

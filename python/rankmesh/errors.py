@@ -32,6 +32,7 @@ __all__ = [
     "InvalidRankMapError",
     "IncompatibleLayoutError",
     "InvalidLayoutError",
+    "MeshArgumentError",
     "InternalError",
     "ParallelConfigError",
     "TopologyError",
@@ -67,8 +68,10 @@ class InvalidSizeError(RankmeshError):
     """A size (world size, dim size, degree) is zero or negative."""
 
 
-class SizeMismatchError(RankmeshError):
-    """Sizes do not multiply to what they must (unflatten sizes vs the dim, degrees vs the world)."""
+class SizeMismatchError(RankmeshError, RuntimeError):
+    """Sizes do not multiply to what they must (unflatten sizes vs the dim, degrees vs the world,
+    a mesh shape vs the world), or a different number of sizes and names. Also a
+    ``RuntimeError``: torch's ``init_device_mesh`` and ``_unflatten`` raise one for the latter."""
 
 
 class LayoutOverflowError(RankmeshError, OverflowError):
@@ -81,16 +84,20 @@ class UnknownNameError(RankmeshError, KeyError):
     __str__ = RankmeshError.__str__
 
 
-class DuplicateNameError(RankmeshError):
-    """The same dimension name twice."""
+class DuplicateNameError(RankmeshError, RuntimeError):
+    """The same dimension name twice, or a flatten name that is already taken. Also a
+    ``RuntimeError``, which torch's ``init_device_mesh`` raises for repeated names."""
 
 
 class InvalidNameError(RankmeshError):
     """A dimension name that cannot be used (e.g. empty)."""
 
 
-class SliceOrderError(RankmeshError):
-    """Names sliced out of mesh order (torch requires ascending mesh order)."""
+class SliceOrderError(RankmeshError, KeyError):
+    """Names sliced out of mesh order (torch requires ascending mesh order). Also a ``KeyError``,
+    which is what ``DeviceMesh.__getitem__`` raises."""
+
+    __str__ = RankmeshError.__str__
 
 
 class EmptySliceError(RankmeshError):
@@ -116,6 +123,12 @@ class IncompatibleLayoutError(RankmeshError):
 
 class InvalidLayoutError(RankmeshError):
     """Raw modes (e.g. from a corrupted pickle) that do not tile the world."""
+
+
+class MeshArgumentError(RankmeshError, RuntimeError):
+    """An argument of :func:`rankmesh.init_device_mesh` or a mesh derivation that torch rejects
+    with a ``RuntimeError`` (a device type with an index, a ``backend_override`` key that names
+    no dim) or that is of the wrong type. Also a ``RuntimeError``."""
 
 
 class InternalError(RankmeshError):

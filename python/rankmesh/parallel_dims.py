@@ -38,12 +38,14 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh import _torchtitan as _tt
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ParallelDimsError, RankmeshError, UnknownNameError
-from rankmesh.torch_layer import BuildReport, MeshBuilder
+from rankmesh.errors import DistributedStateError, ParallelDimsError, RankmeshError, UnknownNameError
+from rankmesh.mesh import init_device_mesh
+from rankmesh.torch_layer import BuildReport
 from rankmesh.torch_layer import check_consistency as _check_consistency
 
 __all__ = ["ParallelDims"]
@@ -77,7 +79,6 @@ class ParallelDims:
     _meshes: dict[str, DeviceMesh] = field(default_factory=dict)
     _world_mesh: DeviceMesh | None = None
     _global_meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _builder: MeshBuilder | None = field(default=None, init=False, repr=False, compare=False)
     _layouts: dict[str, MeshLayout] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,19 +220,42 @@ class ParallelDims:
             "tp=%d, ep=%d, etp=%d",
             self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
         )  # fmt: skip
-        layouts = self.layouts
-        builder = MeshBuilder(layouts["world"], device_type=device_type)
+        if not dist.is_available() or not dist.is_initialized():
+            raise DistributedStateError(
+                "torch.distributed's default process group is not initialised; call "
+                "torch.distributed.init_process_group(...) (torchrun sets the environment) before "
+                "building meshes",
+                "default_group",
+                "None",
+            )
+        if dist.get_world_size() != self.world_size:
+            raise DistributedStateError(
+                f"the default process group has {dist.get_world_size()} ranks but "
+                f"ParallelDims.world_size = {self.world_size}; pass world_size=dist.get_world_size()",
+                "world_size",
+                str(self.world_size),
+            )
         if check_consistency:
             _check_consistency(self.fingerprint, timeout=consistency_timeout)
+        # torchtitan's own recipe, on rankmesh's init_device_mesh: one world mesh, one _unflatten
+        # per global mesh (batch and disabled dims on the fake backend), the loss mesh flattened
+        # from dataloading's (batch, cp). Every mesh shares the world's process groups, one per
+        # distinct partition of the world.
+        deg = self._degrees()
+        world_mesh = init_device_mesh(device_type, (self.world_size,), mesh_dim_names=("world",))
 
-        world_mesh = builder.device_mesh(layouts["world"])
-        global_meshes: dict[str, DeviceMesh] = {}
-        for name in ("dataloading", "loss", "dense", "sparse"):
-            fake = _tt.fake_dims(name, layouts[name], self.ep)
-            global_meshes[name] = builder.device_mesh(layouts[name], fake_dims=fake)
-        dl, loss, dense, sparse = (global_meshes[k] for k in ("dataloading", "loss", "dense", "sparse"))
-        # The 1-D meshes are torch slices of the global meshes, as in torchtitan: they share the
-        # global mesh's rank map, which FSDP2 needs to concatenate a DP mesh with a TP/EP mesh.
+        def unflatten(name: str) -> DeviceMesh:
+            dims = _tt.GLOBAL_MESH_DIMS[name]
+            fake = {n: "fake" for n in dims if n == "batch" or not self._mesh_exist(n, deg[n])}
+            return world_mesh._unflatten(0, tuple(deg[n] for n in dims), dims, backend_override=fake)
+
+        dl = unflatten("dataloading")
+        loss = dl["batch", "cp"]._flatten(_tt.LOSS_DIM_NAME)
+        dense = unflatten("dense")
+        sparse = unflatten("sparse")
+        global_meshes = {"dataloading": dl, "loss": loss, "dense": dense, "sparse": sparse}
+        # The 1-D meshes are slices of the global meshes, as in torchtitan: they share the
+        # world's rank map, which FSDP2 needs to concatenate a DP mesh with a TP mesh.
         meshes = {
             "pp": dl["pp"],
             "batch": dl["batch"],
@@ -244,7 +268,6 @@ class ParallelDims:
             "efsdp": sparse["efsdp"],
             "etp": sparse["etp"],
         }
-        self._builder = builder
         self._global_meshes = global_meshes
         self._meshes = meshes
         self._world_mesh = world_mesh
@@ -253,7 +276,7 @@ class ParallelDims:
             "Successfully created meshes with active dimensions: %s in %.1f ms (%s)",
             list(self.get_all_one_dimensional_meshes().keys()),
             (time.perf_counter() - t0) * 1e3,
-            builder.report(),
+            self.build_report,
         )
         return world_mesh
 
@@ -267,7 +290,10 @@ class ParallelDims:
     @property
     def build_report(self) -> BuildReport | None:
         """Process groups this rank created for the meshes, by backend (None before the build)."""
-        return None if self._builder is None else self._builder.report()
+        if self._world_mesh is None:
+            return None
+        report = getattr(self._world_mesh, "build_report", None)
+        return report() if callable(report) else None
 
     # -- access (torchtitan's API) --------------------------------------------------------------
 

@@ -40,14 +40,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from rankmesh._groups import DEFAULT, FAKE, group_key
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError, DistributedStateError
 
 __all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
 
 logger = logging.getLogger("rankmesh")
-
-FAKE = "fake"
 
 Modes = tuple[tuple[int, int], ...]
 
@@ -172,6 +171,8 @@ class MeshBuilder:
         self._default = dist.group.WORLD
         self._backend = str(dist.get_backend(self._default))
         self._split = getattr(self._default, "bound_device_id", None) is not None
+        self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
+        self._keepalive: list[Any] = []
         self._groups: dict[tuple[Modes, str | None], dist.ProcessGroup] = {}
         self._known: set[MeshLayout] = set()
         self._counters = _Counters()
@@ -199,45 +200,68 @@ class MeshBuilder:
 
     # -- process groups --------------------------------------------------------------------
 
-    def process_group(self, layout: MeshLayout, dim: int | str, *, fake: bool = False) -> dist.ProcessGroup:
+    def process_group(
+        self,
+        layout: MeshLayout,
+        dim: int | str,
+        *,
+        fake: bool = False,
+        backend: str | None = None,
+        pg_options: Any = None,
+    ) -> dist.ProcessGroup:
         """This rank's process group in ``dim`` of ``layout``.
 
         ``fake=True`` (or a dim of size 1) gives a group on the ``fake`` backend, which never
-        communicates. A dim spanning the whole world gives the default group. Otherwise the
-        group is created once per distinct partition of the world (keyed on the dim's modes) and
-        shared by every later dim with the same partition and backend.
+        communicates. ``backend`` / ``pg_options`` override the backend as torch's
+        ``backend_override`` does. A world-sized dim without an override gives the default group.
+        Otherwise the group is created once per distinct partition of the world (keyed on the
+        dim's modes, backend and options) and shared by every later dim with the same key.
         """
         self._check_layout(layout)
         size = int(layout.size(dim))
         name = layout.names[dim] if isinstance(dim, int) else dim
         c = self._counters
         c.dims += 1
-        if size == self._world_size:
-            # Torch reuses the default group for a world-sized dim; we do so for a fake one too:
-            # nothing is created either way, and a W-rank fake group would cost O(W) per rank.
-            c.reused_default += 1
-            return self._default
-        backend = FAKE if (fake or size == 1) else None
-        key = (tuple(layout.partition_key(dim)), backend)
+        key = group_key(
+            layout,
+            dim,
+            world_size=self._world_size,
+            fake=fake,
+            backend=backend,
+            options_id=None if pg_options is None else id(pg_options),
+        )
+        if key[1:2] == (FAKE,):
+            backend, pg_options = FAKE, None
+        if key == DEFAULT:
+            if not self._gloo_with_cuda:
+                c.reused_default += 1
+                return self._default
+            # torch's special case: CUDA present and a gloo default group -> one W-rank group.
         pg = self._groups.get(key)
         if pg is not None:
             c.shared += 1
             return pg
         ranks = np.sort(layout.group(self._rank, dim)).tolist()
-        desc = f"mesh_{name}"
+        desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
+        timeout = getattr(pg_options, "_timeout", None) if pg_options is not None else None
+        extra: dict[str, Any] = {}
+        if timeout is not None:
+            extra["timeout"] = timeout
+        if pg_options is not None:
+            extra["pg_options"] = pg_options
         if backend == FAKE:
             self._ensure_fake_backend()
-            pg = dist.new_group(ranks, backend=FAKE, use_local_synchronization=True, group_desc=desc)
+            pg = dist.new_group(ranks, backend=FAKE, use_local_synchronization=True, group_desc=desc, **extra)
             c.fake += 1
             label = FAKE
-        elif self._split:
-            pg = dist.split_group(parent_pg=self._default, split_ranks=[ranks], group_desc=desc)
+        elif self._split and (backend is None or backend == self._backend):
+            pg = dist.split_group(parent_pg=self._default, split_ranks=[ranks], group_desc=desc, **extra)
             c.real += 1
             label = self._backend
         else:
-            pg = dist.new_group(ranks, use_local_synchronization=True, group_desc=desc)
+            pg = dist.new_group(ranks, backend=backend, use_local_synchronization=True, group_desc=desc, **extra)
             c.real += 1
-            label = self._backend
+            label = backend or self._backend
         if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:  # pragma: no cover - torch bug
             raise DistributedStateError(
                 f"torch returned no process group for rank {self._rank} in dim {name!r} "
@@ -246,6 +270,8 @@ class MeshBuilder:
                 str(name),
             )
         self._groups[key] = pg
+        if pg_options is not None:
+            self._keepalive.append(pg_options)  # id() in the key must stay unique
         c.groups.append((str(name), label, size))
         return pg
 
@@ -255,7 +281,9 @@ class MeshBuilder:
         *,
         fake_dims: Sequence[str | int] = (),
     ) -> DeviceMesh:
-        """A ``DeviceMesh`` of ``layout`` for this rank, over this builder's process groups.
+        """A ``DeviceMesh`` of ``layout`` for this rank, over this builder's process groups: a
+        :class:`rankmesh.mesh.FastDeviceMesh` (a root mesh whose slices, flattens and unflattens
+        stay O(group size) and share this builder's groups).
 
         Equal to what torch builds for the same layout (``init_device_mesh`` + ``_unflatten`` /
         slicing / ``_flatten``): same ``mesh``, group ranks, coordinate, local ranks and names.
@@ -272,6 +300,13 @@ class MeshBuilder:
             else:
                 layout.size(d)  # raises DimOutOfRangeError
                 fake_idx.add(int(d) % len(names))
+        from rankmesh import _torch_compat
+
+        if _torch_compat.fast_meshes_available():
+            from rankmesh.mesh import _mesh_from_layout
+
+            return _mesh_from_layout(self, layout, self._device_type, fake_idx)
+        # An unknown torch: torch's own DeviceMesh over the same process groups (O(W) per mesh).
         groups = [self.process_group(layout, i, fake=i in fake_idx) for i in range(len(names))]
         mesh = torch.from_numpy(layout.mesh_of(self._rank))
         # Always the n-D form of from_group, also for one dim: the 1-D form re-reads the group's

@@ -1,0 +1,662 @@
+"""Real ``DeviceMesh`` objects that cost O(group size + ndim) per rank, all the way down.
+
+:func:`init_device_mesh` has the semantics of torch's ``init_device_mesh`` and returns a
+:class:`FastDeviceMesh`, a subclass of ``torch.distributed.device_mesh.DeviceMesh`` (so every
+torch API that takes a mesh accepts it: DTensor, FSDP2, tensor parallel, ``torch.compile``,
+pickling). Slicing, ``_flatten``, ``_unflatten`` and every query stay O(group size + ndim):
+
+- the layout (torch's ``_MeshLayout``) is derived with torch's own algebra, which is O(ndim), and
+  cross-checked against rankmesh's Rust layout of the same recipe;
+- this rank's coordinate, local mesh and groups come from the Rust layout, never from a search
+  over the world's rank map;
+- the world's rank map (``_rank_map``, and the W-long ``_flatten_rank_map`` tuple torch uses for
+  ``_concatenate`` and ``torch.compile`` guards) is made at most once per world, and only when
+  something asks for it; equality and hashing use the world's identity, and the hash equals
+  torch's own;
+- process groups come from one :class:`~rankmesh.torch_layer.MeshBuilder` per world: only this
+  rank's group, one per distinct partition (and backend), shared by every mesh derived from the
+  world; dims overridden to ``fake`` stay fake.
+
+Why a subclass rather than torch's class filled in from outside: torch 2.13-2.15 recompute
+``.mesh`` from the full rank map on every access and search it for the rank, and build the
+W-long tuple in every ``__init__``; a subclass can keep both lazy and route ``_flatten`` /
+``_unflatten`` / slicing through rankmesh, while every other method is torch's own.
+
+Example (one process standing in for rank 5 of 8 on the fake backend)::
+
+    >>> import torch.distributed as dist
+    >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+    >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+    >>> mesh = init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
+    >>> m = mesh._unflatten(0, (2, 2, 2), ("dp", "cp", "tp"))
+    >>> m["dp", "tp"].mesh.tolist(), m.get_coordinate()
+    ([[1, 3], [5, 7]], (1, 0, 1))
+    >>> m["dp", "cp"]._flatten("dp_cp").mesh.tolist()
+    [1, 3, 5, 7]
+    >>> dist.destroy_process_group()
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
+
+from rankmesh import _torch_compat as compat
+from rankmesh._native import MeshLayout
+from rankmesh.errors import (
+    DimOutOfRangeError,
+    DuplicateNameError,
+    InternalError,
+    InvalidSizeError,
+    MeshArgumentError,
+    RankmeshError,
+    SizeMismatchError,
+    SliceOrderError,
+    UnknownNameError,
+)
+from rankmesh.torch_layer import FAKE, BuildReport, MeshBuilder
+
+__all__ = ["FastDeviceMesh", "init_device_mesh"]
+
+BackendConfig = tuple[Any, Any]
+_NO_OVERRIDE: BackendConfig = (None, None)
+
+
+class _HashOf:
+    """Stands in for the W-long rank-map tuple inside torch's hash key: Python's tuple hash only
+    uses its items' hashes, so ``hash((_HashOf(hash(t)), ...)) == hash((t, ...))``."""
+
+    __slots__ = ("h",)
+
+    def __init__(self, h: int) -> None:
+        self.h = h
+
+    def __hash__(self) -> int:
+        return self.h
+
+
+class _World:
+    """What every mesh derived from one :func:`init_device_mesh` call shares: the Rust world
+    layout, this rank, the process-group builder, and the lazily made world-sized objects."""
+
+    def __init__(self, layout: MeshLayout, rank: int, builder: MeshBuilder | None) -> None:
+        self.layout = layout
+        self.rank = rank
+        self.builder = builder
+        self._rank_map: torch.Tensor | None = None
+        self._flat: tuple[int, ...] | None = None
+        self._flat_hash: int | None = None
+        self._lock = threading.Lock()
+
+    def rank_map(self) -> torch.Tensor:
+        """The world's rank map as torch holds it (int32, 1-D, contiguous); made once."""
+        if self._rank_map is None:
+            rm = self.layout.rank_map()
+            with torch.device("cpu"):
+                t = torch.arange(self.layout.world_size, dtype=torch.int) if rm is None else torch.from_numpy(rm)
+            self._rank_map = t
+        return self._rank_map
+
+    def flat(self) -> tuple[int, ...]:
+        """torch's ``_flatten_rank_map``: the rank map as a W-long tuple; made once."""
+        with self._lock:
+            if self._flat is None:
+                self._flat = tuple(self.rank_map().tolist())
+            return self._flat
+
+    def flat_hash(self) -> int:
+        """``hash(_flatten_rank_map)``, without keeping the tuple alive if nobody else asked."""
+        with self._lock:
+            if self._flat_hash is None:
+                self._flat_hash = hash(self._flat if self._flat is not None else tuple(self.rank_map().tolist()))
+            return self._flat_hash
+
+    def same(self, other: _World) -> bool:
+        return self is other or (self.rank == other.rank and self.layout == other.layout)
+
+
+def _modes(tl: _MeshLayout, i: int) -> list[tuple[int, int]]:
+    return list(zip(tl[i].shape, tl[i].stride))
+
+
+def _flat(modes: Sequence[tuple[int, int]]) -> _FlatLayout:
+    """torch's ``_FlatLayout`` of already-coalesced modes, without re-running pycute's coalesce
+    (rankmesh's Rust core coalesces exactly as ``_FlatLayout.__init__`` does; the start-up
+    self-check and the test suite compare the two)."""
+    fl = object.__new__(_FlatLayout)
+    object.__setattr__(fl, "shape", tuple(int(s) for s, _ in modes))
+    object.__setattr__(fl, "stride", tuple(int(d) for _, d in modes))
+    return fl
+
+
+def _torch_layout(rm: MeshLayout, dims: Sequence[int] | None = None) -> _MeshLayout:
+    """torch's ``_MeshLayout`` of (some dims of) a rankmesh layout, O(modes)."""
+    return _MeshLayout([_flat(rm.modes(i)) for i in (range(rm.ndim) if dims is None else dims)])
+
+
+def _check_agree(rm: MeshLayout, tl: _MeshLayout) -> None:
+    """rankmesh's Rust layout and torch's ``_MeshLayout`` of one recipe must be the same modes."""
+    if rm.ndim != len(tl) or any(list(map(tuple, rm.modes(i))) != _modes(tl, i) for i in range(rm.ndim)):
+        raise InternalError(  # pragma: no cover - would be a rankmesh bug; never build a wrong mesh
+            f"rankmesh and torch derived different layouts: {rm!r} vs {tl}; please report this",
+            "layout",
+            repr(rm),
+        )
+
+
+def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise MeshArgumentError(
+            f"{field} must be a tuple of names, got the string {value!r}; write ({value!r},)", field, repr(value)
+        )
+    names = tuple(value)
+    for n in names:
+        if not isinstance(n, str):
+            raise MeshArgumentError(f"{field} must hold str names, got {n!r}", field, repr(value))
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise DuplicateNameError(
+                f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
+                "rename one of them",
+                field,
+                repr(names),
+            )
+        seen.add(n)
+    return names
+
+
+def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
+    import operator
+
+    out = []
+    for i, s in enumerate(tuple(value)):
+        if isinstance(s, bool):
+            raise MeshArgumentError(f"{field}[{i}] must be an int, got {s!r}", f"{field}[{i}]", repr(s))
+        try:
+            v = operator.index(s)
+        except TypeError:
+            raise MeshArgumentError(
+                f"{field}[{i}] must be an int, got {s!r} ({type(s).__name__})", f"{field}[{i}]", repr(s)
+            ) from None
+        if v <= 0:
+            raise InvalidSizeError(
+                f"{field}[{i}] must be a positive integer, got {v}; every mesh dimension needs at least one rank",
+                f"{field}[{i}]",
+                repr(v),
+            )
+        out.append(v)
+    return tuple(out)
+
+
+def _normalize_overrides(
+    backend_override: Mapping[Any, Any] | None, ndim: int, names: tuple[str, ...] | None
+) -> tuple[BackendConfig, ...]:
+    """torch's ``_normalize_backend_override`` (same rules and errors), with rankmesh's class."""
+    if backend_override is None:
+        return (_NO_OVERRIDE,) * ndim
+    try:
+        return tuple(_normalize_backend_override(dict(backend_override), ndim, names))
+    except RuntimeError as e:
+        raise MeshArgumentError(
+            f"{e}; name each overridden dim by one of its names {list(names or ())} or its index",
+            "backend_override",
+            repr(dict(backend_override)),
+        ) from e
+
+
+class FastDeviceMesh(DeviceMesh):
+    """A ``torch.distributed.device_mesh.DeviceMesh`` whose derivations cost O(group size + ndim).
+
+    Made by :func:`rankmesh.init_device_mesh` (and everything derived from it:
+    ``mesh[names]``, ``mesh._flatten(name)``, ``mesh._unflatten(dim, sizes, names)``) and by
+    :meth:`rankmesh.MeshBuilder.device_mesh`. Never construct it directly.
+
+    Every public and semi-public attribute equals what torch builds for the same recipe: ``mesh``,
+    ``shape``, ``ndim``, ``size()``, ``mesh_dim_names``, ``get_group``, ``get_coordinate``,
+    ``get_local_rank``, ``_layout``, ``_rank_map``, ``_flatten_rank_map``, ``_dim_group_names``,
+    ``_get_root_mesh()``, ``_flatten_mapping``; ``==`` and ``hash`` behave as torch's.
+    """
+
+    _rm_world: _World
+    _rm_layout: MeshLayout
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: D107
+        raise TypeError(
+            "FastDeviceMesh is made by rankmesh.init_device_mesh (and slicing, _flatten, _unflatten of "
+            "its result); to build a mesh from an explicit rank tensor use torch's DeviceMesh(...)"
+        )
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def _make(
+        cls,
+        world: _World,
+        rm: MeshLayout,
+        tl: _MeshLayout,
+        device_type: str,
+        names: tuple[str, ...] | None,
+        group_names: list[str],
+        root: FastDeviceMesh | None,
+    ) -> FastDeviceMesh:
+        self = object.__new__(cls)
+        d = self.__dict__
+        d["_rm_world"] = world
+        d["_rm_layout"] = rm
+        d["_device_type"] = device_type
+        d["_layout"] = tl
+        d["_mesh_dim_names"] = names
+        d["_root_mesh"] = root
+        d["_preserve_rank_order"] = False
+        d["_thread_id"] = threading.get_ident() if dist.is_initialized() and dist.get_backend() == "threaded" else None
+        d["_flatten_mapping"] = {}
+        d["_pg_registry"] = {}
+        d["_dim_group_names"] = group_names
+        d["_rank"] = world.rank
+        d["_coordinate_on_dim"] = tuple(rm.coordinate_of(world.rank))
+        d["_hash"] = None
+        return self
+
+    # -- world-sized state, lazy and shared per world --------------------------------------------
+
+    @property
+    def _rank_map(self) -> torch.Tensor:  # type: ignore[override]
+        return self._rm_world.rank_map()
+
+    @property
+    def _flatten_rank_map(self) -> tuple[int, ...]:
+        return self._rm_world.flat()
+
+    @property
+    def mesh(self) -> torch.Tensor:
+        """This rank's copy of the mesh (int32, ``shape``), as torch's ``.mesh``; O(mesh size)."""
+        return torch.from_numpy(self._rm_layout.mesh_of(self._rank))
+
+    @property
+    def layout(self) -> MeshLayout:
+        """The rankmesh layout of this mesh (names, modes, this rank's groups, fingerprint)."""
+        return self._rm_layout
+
+    # -- identity --------------------------------------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, FastDeviceMesh):
+            return self._rm_world.same(other._rm_world) and compat.eq_fields(self) == compat.eq_fields(other)
+        if isinstance(other, DeviceMesh):
+            return DeviceMesh.__eq__(self, other)
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if not h:
+            h = hash((_HashOf(self._rm_world.flat_hash()), *compat.eq_fields(self)))
+            self.__dict__["_hash"] = h
+        return h
+
+    # -- pickling --------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_pg_registry", "_rm_world", "_hash")}
+        w = self._rm_world
+        state["_rm_world_state"] = (w.layout, w.rank)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        layout, rank = state.pop("_rm_world_state")
+        root = state.get("_root_mesh")
+        # Meshes unpickled together share their root's world (pickle memoizes the root).
+        world = root.__dict__.get("_rm_world") if isinstance(root, FastDeviceMesh) else None
+        if world is None or not world.same(_World(layout, rank, None)):
+            world = _World(layout, rank, None)
+        self.__dict__.update(state)
+        self.__dict__["_rm_world"] = world
+        self.__dict__["_hash"] = None
+        self.__dict__["_pg_registry"] = {}
+        registry = self._get_root_mesh().__dict__.setdefault("_pg_registry", {})
+        for name in self._dim_group_names:
+            try:
+                pg = dist.distributed_c10d._resolve_process_group(name)
+            except (RuntimeError, ValueError):
+                continue
+            if pg is not None:
+                registry[name] = pg
+
+    # -- derivations -----------------------------------------------------------------------------
+
+    def _builder(self) -> MeshBuilder:
+        w = self._rm_world
+        if w.builder is None:  # e.g. unpickled: groups are made for this process from now on
+            w.builder = MeshBuilder(w.layout, device_type=self._device_type)
+        return w.builder
+
+    def _register(self, pgs: Sequence[dist.ProcessGroup]) -> list[str]:
+        registry = self._get_root_mesh()._pg_registry
+        names = []
+        for pg in pgs:
+            registry[pg.group_name] = pg
+            names.append(pg.group_name)
+        return names
+
+    def _groups_for(self, rm: MeshLayout, dims: Sequence[int], overrides: Sequence[BackendConfig]) -> list[str]:
+        b = self._builder()
+        pgs = [b.process_group(rm, d, backend=o[0], pg_options=o[1]) for d, o in zip(dims, overrides)]
+        return self._register(pgs)
+
+    def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:  # type: ignore[override]
+        own = self._mesh_dim_names
+        names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else mesh_dim_names
+        if own and isinstance(names, tuple):
+            if names == own:
+                return self
+            # The common case, names of this mesh in mesh order: O(ndim), no pycute. Anything
+            # else (flattened names sliced from the root, size-1 dims out of order, errors) takes
+            # torch's own validation below.
+            idx = [own.index(n) if n in own else -1 for n in names]
+            if names and idx[0] >= 0 and all(b > a for a, b in zip(idx, idx[1:])):
+                rm = self._rm_layout[names]
+                tl = _MeshLayout([self._layout[i] for i in idx])
+                group_names = [self._dim_group_names[i] for i in idx]
+                return FastDeviceMesh._make(
+                    self._rm_world, rm, tl, self._device_type, names, group_names, self._get_root_mesh()
+                )
+        try:
+            return super().__getitem__(mesh_dim_names)
+        except KeyError as e:
+            raise _slice_error(self, mesh_dim_names, e) from e
+
+    def _create_sub_mesh(self, layout: _MeshLayout, submesh_dim_names: tuple[str, ...]) -> FastDeviceMesh:
+        # torch has validated the names and computed ``layout`` (O(ndim)); we pick the groups and
+        # this rank's part from the Rust layout instead of building a DeviceMesh over the world.
+        root = self._get_root_mesh()
+        own = tuple(self._mesh_dim_names or ())
+        group_names: list[str] = []
+        for name in submesh_dim_names:
+            if name in own:
+                group_names.append(self._dim_group_names[own.index(name)])
+            else:  # a flattened dim sliced from the root (deprecated in torch, still supported)
+                flat = self._flatten_mapping[name]
+                group_names.append(flat._dim_group_names[0])
+        if all(n in own for n in submesh_dim_names):
+            rm = self._rm_layout[tuple(submesh_dim_names)]
+        else:
+            rm = self._rm_layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(submesh_dim_names))
+        _check_agree(rm, layout)
+        return FastDeviceMesh._make(
+            self._rm_world, rm, layout, self._device_type, tuple(submesh_dim_names), group_names, root
+        )
+
+    def _flatten(self, mesh_dim_name: str | None = None, backend_override: Any = None) -> DeviceMesh:  # type: ignore[override]
+        if not self._mesh_dim_names:
+            raise RuntimeError("Cannot flatten a DeviceMesh without mesh_dim_names!")
+        if mesh_dim_name is not None and not isinstance(mesh_dim_name, str):
+            raise MeshArgumentError(
+                f"mesh_dim_name must be a str, got {mesh_dim_name!r}", "mesh_dim_name", repr(mesh_dim_name)
+            )
+        return super()._flatten(mesh_dim_name, backend_override)
+
+    def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
+        root = self._get_root_mesh()
+        taken = tuple(root._mesh_dim_names or ())
+        if mesh_dim_name in taken:
+            raise DuplicateNameError(
+                f"{mesh_dim_name!r} already exists for submesh of the {root}: the mesh_dim_names of "
+                f"the root mesh are {taken}. Please specify another mesh_dim_name for the flattened dim",
+                "mesh_dim_name",
+                repr(mesh_dim_name),
+            )
+        rm = self._rm_layout.flatten(mesh_dim_name)
+        tl = _torch_layout(rm)
+        existing = root._flatten_mapping.get(mesh_dim_name)
+        if existing is not None:
+            if existing._layout == tl:
+                return
+            raise DuplicateNameError(
+                f"Flatten mesh with mesh_dim_name {mesh_dim_name!r} has been created before with a "
+                "different layout. Please specify another mesh_dim_name",
+                "mesh_dim_name",
+                repr(mesh_dim_name),
+            )
+        group_names = self._groups_for(rm, [0], [backend_override])
+        flat = FastDeviceMesh._make(
+            self._rm_world, rm, tl, root._device_type, (mesh_dim_name,), group_names, root
+        )
+        root._flatten_mapping[mesh_dim_name] = flat
+
+    def _unflatten(  # type: ignore[override]
+        self,
+        dim: int | str,
+        mesh_sizes: tuple[int, ...],
+        mesh_dim_names: tuple[str, ...],
+        backend_override: dict[str, Any] | None = None,
+    ) -> DeviceMesh:
+        own = tuple(self._mesh_dim_names or ())
+        if isinstance(dim, str):
+            if dim not in own:
+                raise UnknownNameError(
+                    f"dim {dim!r} specified in `_unflatten` is not in {own}; pass one of those names or an index",
+                    "dim",
+                    repr(dim),
+                )
+            dim = own.index(dim)
+        elif isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < self.ndim:
+            raise DimOutOfRangeError(
+                f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}; valid dims are "
+                f"0..{self.ndim - 1} or the names {own}",
+                "dim",
+                repr(dim),
+            )
+        sizes = _sizes_tuple(mesh_sizes, "mesh_sizes")
+        names = _names_tuple(mesh_dim_names, "mesh_dim_names")
+        if len(sizes) != len(names):
+            raise SizeMismatchError(
+                f"mesh_dim_names must have same length as mesh_sizes in _unflatten: {len(names)} names "
+                f"{names} for {len(sizes)} sizes {sizes}",
+                "mesh_dim_names",
+                repr(names),
+            )
+        overrides = _normalize_overrides(backend_override, len(sizes), names)
+        return self._create_unflatten_mesh(dim, sizes, names, overrides)
+
+    def _create_unflatten_mesh(  # type: ignore[override]
+        self,
+        dim: int,
+        mesh_sizes: tuple[int, ...],
+        mesh_dim_names: tuple[str, ...],
+        backend_override: tuple[BackendConfig, ...] = (_NO_OVERRIDE,),
+    ) -> FastDeviceMesh:
+        size = self._layout[dim].numel()
+        prod = int(np.prod(mesh_sizes, dtype=object))
+        if prod != size:
+            raise SizeMismatchError(
+                f"The product of mesh_sizes={tuple(mesh_sizes)} is {prod}, but the original dimension at "
+                f"dim={dim} has size {size}. These must be equal for unflatten to work correctly",
+                "mesh_sizes",
+                repr(tuple(mesh_sizes)),
+            )
+        # rankmesh's algebra first: it names the field at fault (e.g. a name that exists already).
+        rm = self._rm_layout.unflatten(dim, mesh_sizes, mesh_dim_names)
+        new_dims = list(range(dim, dim + len(mesh_sizes)))
+        tl = self._layout.splice(dim, dim + 1, _torch_layout(rm, new_dims))
+        new_names = self._groups_for(rm, new_dims, backend_override)
+        group_names = list(self._dim_group_names)
+        group_names[dim : dim + 1] = new_names
+        return FastDeviceMesh._make(
+            self._rm_world, rm, tl, self._device_type, tuple(rm.names), group_names, self._get_root_mesh()
+        )
+
+    # -- rankmesh extras ---------------------------------------------------------------------------
+
+    def build_report(self) -> BuildReport:
+        """The process groups this rank created for this mesh's world, by backend."""
+        return self._builder().report()
+
+
+def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
+    names = (key,) if isinstance(key, str) else tuple(key)
+    own = tuple(mesh._mesh_dim_names or ())
+    root = mesh._get_root_mesh()
+    valid = list(own) + (list(root._flatten_mapping) if mesh is root else [])
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        return UnknownNameError(
+            f"Invalid mesh_dim_names {names} specified: {unknown} not found. Valid mesh_dim_names are {valid}",
+            "mesh_dim_names",
+            repr(names),
+        )
+    fix = sorted(names, key=lambda n: own.index(n) if n in own else len(own))
+    return SliceOrderError(
+        f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be in ascending order: "
+        f"slice them in mesh order, e.g. {tuple(fix)} (the mesh order is {own})",
+        "mesh_dim_names",
+        repr(names),
+    )
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+    backend_override: Mapping[int | str, Any] | None = None,
+    rank_map: Any = None,
+) -> DeviceMesh:
+    """torch's ``init_device_mesh``, returning a :class:`FastDeviceMesh` built in O(group size).
+
+    Args:
+        device_type: ``"cuda"``, ``"cpu"``, ... (no index, as in torch).
+        mesh_shape: sizes of the mesh dims; they must multiply to the world size.
+        mesh_dim_names: unique names, one per dim.
+        backend_override: per dim (index or name) a backend name, ``Backend.Options``, or both, as
+            in torch; ``"fake"`` makes a dim that never communicates.
+        rank_map: optional permutation of ``range(world_size)`` placing rank ``rank_map[i]`` at
+            world index ``i`` (topology-aware placement, as ``MeshLayout.world``); the result equals
+            ``DeviceMesh(device_type, rank_map.reshape(mesh_shape), ...)``.
+
+    The default process group must be initialised (or is initialised from the environment, as
+    torch does). On a torch rankmesh does not know, warns once and returns torch's own mesh.
+
+    Example (rank 6 of an 8-rank job)::
+
+        >>> import torch.distributed as dist
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=6, world_size=8, store=FakeStore())
+        >>> mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        >>> mesh["tp"].mesh.tolist(), mesh["dp"].mesh.tolist(), mesh.get_coordinate()
+        ([4, 5, 6, 7], [2, 6], (1, 2))
+        >>> dist.destroy_process_group()
+    """
+    if not isinstance(device_type, str) or (device_type and not device_type.isalpha()):
+        raise MeshArgumentError(
+            f"Device type with index is not supported but got {device_type!r}; pass the type only, "
+            "e.g. 'cuda' (torch.device(...).type)",
+            "device_type",
+            repr(device_type),
+        )
+    shape = _sizes_tuple(mesh_shape, "mesh_shape")
+    if not shape:
+        raise SizeMismatchError("mesh_shape must have at least one dim", "mesh_shape", repr(mesh_shape))
+    names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
+    if names is not None and len(names) != len(shape):
+        raise SizeMismatchError(
+            "mesh_shape and mesh_dim_names should have same length! Found "
+            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
+            "mesh_dim_names",
+            repr(names),
+        )
+    overrides = _normalize_overrides(backend_override, len(shape), names)
+
+    if not dist.is_initialized():
+        dist.init_process_group()
+    world_size = dist.get_world_size()
+    numel = int(np.prod(shape, dtype=object))
+    if numel != world_size:
+        raise SizeMismatchError(
+            f"mesh_shape {shape} has {numel} ranks but the default process group has {world_size}; "
+            f"make the sizes multiply to {world_size} (a mesh over part of the world: use torch's own "
+            "init_device_mesh)",
+            "mesh_shape",
+            repr(shape),
+        )
+    if rank_map is not None and isinstance(rank_map, torch.Tensor):
+        rank_map = rank_map.detach().cpu().numpy()
+    world_layout = MeshLayout.world(world_size, rank_map)
+
+    if not compat.fast_meshes_available():
+        return _torch_init(device_type, shape, names, backend_override, world_layout)
+
+    rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
+    rm = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
+    tl = _torch_layout(rm)
+    builder = MeshBuilder(world_layout, device_type=device_type)
+    world = _World(world_layout, builder.rank, builder)
+    probe = FastDeviceMesh._make(world, rm, tl, device_type, names, [], None)
+    probe._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
+    group_names = probe._groups_for(rm, range(len(shape)), overrides)
+    probe.__dict__["_dim_group_names"] = group_names
+    if names is None:
+        # torch keeps unnamed meshes unnamed; the Rust layout needs names, the mesh does not.
+        probe.__dict__["_mesh_dim_names"] = None
+    return probe
+
+
+def _torch_init(
+    device_type: str,
+    shape: tuple[int, ...],
+    names: tuple[str, ...] | None,
+    backend_override: Mapping[int | str, Any] | None,
+    world_layout: MeshLayout,
+) -> DeviceMesh:
+    """torch's own construction of the same mesh (the fallback on an unknown torch)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+    rm = world_layout.rank_map()
+    if rm is None:
+        return torch_init(
+            device_type,
+            shape,
+            mesh_dim_names=names,
+            backend_override=dict(backend_override) if backend_override else None,
+        )
+    overrides = tuple(_normalize_overrides(backend_override, len(shape), names))
+    return DeviceMesh(
+        device_type,
+        torch.from_numpy(rm).reshape(shape),
+        mesh_dim_names=names,
+        backend_override=overrides,
+    )
+
+
+def _mesh_from_layout(
+    builder: MeshBuilder,
+    layout: MeshLayout,
+    device_type: str,
+    fake_idx: set[int],
+    world: _World | None = None,
+) -> FastDeviceMesh:
+    """A root :class:`FastDeviceMesh` of any layout over the builder's world (what
+    :meth:`MeshBuilder.device_mesh` returns): torch's layout mirrors the Rust modes."""
+    if world is None:
+        world = getattr(builder, "_rm_world", None)
+        if world is None:
+            world = _World(builder.world, builder.rank, builder)
+            builder._rm_world = world  # type: ignore[attr-defined]
+    tl = _torch_layout(layout)
+    mesh = FastDeviceMesh._make(world, layout, tl, device_type, tuple(layout.names), [], None)
+    overrides = [(FAKE, None) if i in fake_idx else _NO_OVERRIDE for i in range(layout.ndim)]
+    mesh.__dict__["_dim_group_names"] = mesh._groups_for(layout, range(layout.ndim), overrides)
+    return mesh
+
