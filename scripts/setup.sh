@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh machine: a virtual environment in .venv with torch (CPU use of the
-# default PyPI wheel, cached by pip), the test tools, and rankmesh itself built by maturin.
+# Idempotent set-up for a fresh machine: a virtual environment with torch (CPU use of the default
+# PyPI wheel), the test tools, and rankmesh itself built by maturin.
+#
+#   bash scripts/setup.sh                 # .venv with the newest supported torch (2.15.0)
+#   RANKMESH_TORCH=2.13.0 bash scripts/setup.sh   # .venv-torch2.13.0 with the oldest
+#
+# Supported torch: 2.13, 2.14, 2.15 (CI runs the suite on 2.15.0 and 2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+TORCH=${RANKMESH_TORCH:-2.15.0}
+VENV=${RANKMESH_VENV:-$([ "$TORCH" = "2.15.0" ] && echo .venv || echo ".venv-torch$TORCH")}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-. .venv/bin/activate
-stamp=.venv/.deps-$(sha256sum requirements-dev.txt | cut -c1-16)
+. "$VENV/bin/activate"
+stamp=$VENV/.deps-$( (cat requirements-dev.txt; echo "torch==$TORCH") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   python -m pip install -q --upgrade pip
-  python -m pip install -q -r requirements-dev.txt
+  python -m pip install -q "torch==$TORCH" -r requirements-dev.txt
   touch "$stamp"
 fi
 # Build the extension in release mode and install it into the venv (editable: python/ is on the path).

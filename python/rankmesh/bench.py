@@ -1,20 +1,39 @@
-"""Benchmark: torchtitan-style mesh init, rankmesh vs stock torch, side by side in one run.
+"""Benchmark: end-to-end mesh init per rank, rankmesh vs stock torch, side by side in one run.
 
-Config tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, fake backend, one fresh process per
-measurement standing in for one rank. Each measurement is ``build_mesh()`` plus fetching every
-single-dim mesh and every combination inside one global mesh. Reported per world size: median
-time, the ratio, peak RSS added by the build, and the process groups this rank holds.
+The number that counts is end to end, with real ``DeviceMesh`` objects: every mesh the framework
+asks for. Two recipes, tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, fake backend, one fresh
+process per measurement standing in for one rank:
+
+- ``parallel_dims``: torchtitan's ``ParallelDims.build_mesh()`` (commit 183a0d2) plus fetching
+  every single-dim mesh and every combination inside one global mesh (56 requests);
+  rankmesh = :class:`rankmesh.ParallelDims`, torch = the same recipe on stock torch
+  (:mod:`rankmesh._stock`).
+- ``titan030``: ``init_device_mesh`` + a torchtitan-0.3.0-style recipe: a ``("world",)`` mesh,
+  five ``_unflatten``s (dataloading ``[pp, batch, cp, tp]``, dense for FSDP
+  ``[pp, dp_replicate, fsdp, tp]``, dense for forward/backward ``[pp, dp_replicate, dp_shard,
+  cp, tp]``, sparse ``[pp, dp_replicate, efsdp, ep]``, and expert TP ``[pp, dp_replicate, efsdp,
+  ep, etp]``), one ``_flatten`` (loss), every 1-D slice and the multi-axis meshes FSDP2/HSDP use.
+  Both sides run the identical code with their own ``init_device_mesh``.
+
+Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL, gloo) and
+``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
+code is made to take its split path by reporting an accelerator).
+
+Before timing, each worker imports everything and builds the same recipe once at 256 ranks, on
+both sides (torch 2.15's first slice imports ``torch._dynamo``, ~2 s). Reported per point:
+median time, the ratio, peak RSS added by the build, the process groups this rank holds.
 
 Usage::
 
-    rankmesh bench                          # default worlds 2^10 .. 2^20, writes benches/results
-    rankmesh bench --worlds 10,17 --repeats 3
-    python -m rankmesh.bench --worker rankmesh --world 131072   # one measurement, JSON out
+    rankmesh bench                          # worlds 2^10 .. 2^20, both recipes and paths
+    rankmesh bench --worlds 10,17 --repeats 3 --recipe titan030 --path new_group
+    python -m rankmesh.bench --worker rankmesh --recipe titan030 --path new_group --world 131072
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -22,10 +41,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
-IMPLS = ("rankmesh", "torch", "groups-only")
+IMPLS = ("rankmesh", "torch")
+RECIPES = ("parallel_dims", "titan030")
+PATHS = ("new_group", "split_group")
 
 
 def _rss_mb() -> float:
@@ -39,68 +61,156 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(impl: str, world: int, rank: int) -> dict:
-    """One measurement in this process: init the fake default group, build, fetch everything."""
+def titan030_recipe(init: Callable[..., Any], world: int) -> list[Any]:
+    """A torchtitan-0.3.0-style build on ``init`` (torch's or rankmesh's ``init_device_mesh``):
+    returns every mesh it asks for."""
+    tp, pp, cp, ep, etp, dpr = (CONFIG[k] for k in ("tp", "pp", "cp", "ep", "etp", "dp_replicate"))
+    dps = world // (tp * pp * cp * dpr)
+    deg = dict(
+        pp=pp, batch=dpr * dps, cp=cp, tp=tp, dp_replicate=dpr, dp_shard=dps, fsdp=dps * cp,
+        ep=ep, efsdp=dps * cp * tp // (ep * etp), etp=etp,
+    )  # fmt: skip
+    world_mesh = init("cpu", (world,), mesh_dim_names=("world",))
+
+    def unflatten(names: tuple[str, ...]) -> Any:
+        fake = {n: "fake" for n in names if n == "batch" or deg[n] == 1}
+        return world_mesh._unflatten(0, tuple(deg[n] for n in names), names, backend_override=fake)
+
+    dl = unflatten(("pp", "batch", "cp", "tp"))
+    loss = dl["batch", "cp"]._flatten("loss")
+    fsdp = unflatten(("pp", "dp_replicate", "fsdp", "tp"))
+    dense = unflatten(("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+    sparse = unflatten(("pp", "dp_replicate", "efsdp", "ep"))
+    etp_mesh = unflatten(("pp", "dp_replicate", "efsdp", "ep", "etp"))
+    out = [world_mesh, dl, loss, fsdp, dense, sparse, etp_mesh]
+    for m in (dl, fsdp, dense, sparse, etp_mesh):
+        out.extend(m[n] for n in m.mesh_dim_names)
+    out += [
+        fsdp["dp_replicate", "fsdp"],
+        dense["dp_shard", "cp"],
+        dense["dp_replicate", "dp_shard", "cp"],
+        sparse["dp_replicate", "efsdp"],
+        sparse["efsdp", "ep"],
+        etp_mesh["ep", "etp"],
+    ]
+    return out
+
+
+@contextlib.contextmanager
+def _bound_device(path: str, impl: str):
+    """Simulates a default group bound to a device (NCCL eager init) on the fake backend."""
+    if path != "split_group":
+        yield
+        return
+    import torch
     import torch.distributed as dist
+
+    dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
+    if impl != "torch":
+        yield
+        return
+    # torch's DeviceMesh takes its split path only when an accelerator is available.
+    saved = torch.accelerator.is_available, torch.accelerator.current_accelerator
+    torch.accelerator.is_available = lambda: True
+    torch.accelerator.current_accelerator = lambda *a, **k: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.accelerator.is_available, torch.accelerator.current_accelerator = saved
+
+
+def _build(impl: str, recipe: str, world: int) -> int:
+    """Builds the recipe; returns the number of meshes fetched."""
+    if recipe == "titan030":
+        if impl == "rankmesh":
+            from rankmesh.mesh import init_device_mesh
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+        return len(titan030_recipe(init_device_mesh, world))
+    from rankmesh._stock import all_requests
+
+    if impl == "rankmesh":
+        from rankmesh.parallel_dims import ParallelDims
+
+        pd = ParallelDims(**CONFIG, world_size=world)
+        pd.build_mesh(device_type="cpu")
+        get = pd.get_optional_mesh
+    else:
+        from rankmesh._stock import stock_build
+
+        get = stock_build(**CONFIG, world_size=world, device_type="cpu").get_optional_mesh
+    return sum(get(r) is not None for r in all_requests())
+
+
+def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
+    """One measurement in this process (after a warm-up build at 256 ranks)."""
+    import torch
+    import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it: ~2 s)
+    import torch.distributed as dist
+    import torch.fx.experimental.proxy_tensor  # noqa: F401
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
     from torch.distributed.distributed_c10d import _world
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from rankmesh._stock import all_requests
+    import rankmesh.mesh  # noqa: F401
+    import rankmesh.parallel_dims  # noqa: F401
+
+    dist.init_process_group("fake", rank=0, world_size=256, store=FakeStore())
+    with _bound_device(path, impl):
+        _build(impl, recipe, 256)
+    dist.destroy_process_group()
 
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    requests = all_requests()
-    # DeviceMesh slicing imports these lazily on first use (~0.3 s); both sides would pay it once
-    # per process, and a training job has them loaded anyway. Import cost is not mesh init.
-    import torch.fx.experimental.proxy_tensor  # noqa: F401
-    from rankmesh import _torchtitan as _tt
-    from rankmesh.parallel_dims import ParallelDims
-    from rankmesh.torch_layer import MeshBuilder
-
     pgs_before = len(_world.pg_map)
-    rss_before = _rss_mb()
-    t0 = time.perf_counter()
-    if impl == "rankmesh":
-        pd = ParallelDims(**CONFIG, world_size=world)
-        pd.build_mesh(device_type="cpu")
-        get = pd.get_optional_mesh
-    elif impl == "groups-only":
-        # rankmesh's own work without torch's DeviceMesh objects: every layout, and this rank's
-        # process group for every dim of every mesh (the floor analysis in the README).
-        pd = ParallelDims(**CONFIG, world_size=world)
-        layouts = pd.layouts
-        builder = MeshBuilder(layouts["world"], device_type="cpu")
-        for name, lay in layouts.items():
-            fake = _tt.fake_dims(name, lay, pd.ep)
-            for d in lay.names:
-                builder.process_group(lay, d, fake=d in fake)
-        get = lambda r: None  # noqa: E731  (no DeviceMesh to fetch)
-    else:
-        from rankmesh._stock import stock_build
-
-        build = stock_build(**CONFIG, world_size=world, device_type="cpu")
-        get = build.get_optional_mesh
-    t1 = time.perf_counter()
-    fetched = sum(get(r) is not None for r in requests)
-    t2 = time.perf_counter()
+    rss_before = _peak_rss_mb()
+    with _bound_device(path, impl):
+        t0 = time.perf_counter()
+        fetched = _build(impl, recipe, world)
+        t1 = time.perf_counter()
     out = {
         "impl": impl,
+        "recipe": recipe,
+        "path": path,
         "world": world,
         "rank": rank,
-        "build_s": t1 - t0,
-        "fetch_s": t2 - t1,
-        "total_s": t2 - t0,
+        "total_s": t1 - t0,
         "meshes_fetched": fetched,
         "process_groups": len(_world.pg_map) - pgs_before,
         "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
-        "peak_rss_mb": _peak_rss_mb(),
+        "torch": torch.__version__,
     }
     dist.destroy_process_group()
     return out
 
 
-def _run_worker(impl: str, world: int, rank: int) -> dict:
-    cmd = [sys.executable, "-m", "rankmesh.bench", "--worker", impl, "--world", str(world), "--rank", str(rank)]
+def measure_split_call(world: int) -> dict:
+    """What one ``split_group`` call costs on a ``world``-rank default group bound to a device:
+    torch's as it is (O(world) Python), and with rankmesh's narrowed rank table (O(group))."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from rankmesh.torch_layer import _narrowed_parent_ranks
+
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    pg = dist.distributed_c10d._get_default_group()
+    pg.bound_device_id = torch.device("cuda", 0)
+    ranks = list(range(8))
+    times = {"torch": [], "rankmesh": []}
+    for _ in range(3):
+        t0 = time.perf_counter()
+        dist.split_group(parent_pg=pg, split_ranks=[ranks])
+        times["torch"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        with _narrowed_parent_ranks(pg, ranks, world):
+            dist.split_group(parent_pg=pg, split_ranks=[ranks])
+        times["rankmesh"].append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    return {"world": world, **{k: statistics.median(v) for k, v in times.items()}}
+
+
+def _run_worker(args: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "rankmesh.bench", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
@@ -113,73 +223,92 @@ def _fmt_s(s: float) -> str:
 
 def summarize(samples: list[dict]) -> list[dict]:
     rows = []
-    for world in sorted({s["world"] for s in samples}):
-        row: dict = {"world": world}
+    keys = sorted({(s["recipe"], s["path"], s["world"]) for s in samples}, key=lambda k: (RECIPES.index(k[0]), PATHS.index(k[1]), k[2]))
+    for recipe, path, world in keys:
+        row: dict = {"recipe": recipe, "path": path, "world": world}
         for impl in IMPLS:
-            mine = [s for s in samples if s["world"] == world and s["impl"] == impl]
-            if not mine:
-                continue
-            row[impl] = {
-                "median_s": statistics.median(s["total_s"] for s in mine),
-                "build_s": statistics.median(s["build_s"] for s in mine),
-                "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in mine),
-                "process_groups": mine[0]["process_groups"],
-                "repeats": len(mine),
-            }
+            mine = [s for s in samples if (s["recipe"], s["path"], s["world"], s["impl"]) == (recipe, path, world, impl)]
+            if mine:
+                row[impl] = {
+                    "median_s": statistics.median(s["total_s"] for s in mine),
+                    "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in mine),
+                    "process_groups": mine[0]["process_groups"],
+                    "meshes": mine[0]["meshes_fetched"],
+                    "repeats": len(mine),
+                }
         if "rankmesh" in row and "torch" in row:
             row["speedup"] = row["torch"]["median_s"] / row["rankmesh"]["median_s"]
-        if "groups-only" in row and "torch" in row:
-            row["speedup_floorless"] = row["torch"]["median_s"] / row["groups-only"]["median_s"]
         rows.append(row)
     return rows
 
 
-def to_markdown(rows: list[dict]) -> str:
-    lines = [
-        "| world size | stock torch | rankmesh | speed-up | extra RSS torch | extra RSS rankmesh "
-        "| PGs/rank torch | PGs/rank rankmesh | rankmesh without DeviceMesh objects | speed-up without them |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        t, m, g = r.get("torch"), r.get("rankmesh"), r.get("groups-only")
-        cell = lambda x, k, f: f(x[k]) if x else "–"  # noqa: E731
-        speed = f"{r['speedup']:,.0f}×" if "speedup" in r else "–"
-        floorless = f"{r['speedup_floorless']:,.0f}×" if "speedup_floorless" in r else "–"
-        lines.append(
-            f"| {r['world']:,} | {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
-            f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} | {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
-            f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} "
-            f"| {cell(g, 'median_s', _fmt_s)} | {floorless} |"
-        )
+def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
+    lines = []
+    for recipe in RECIPES:
+        for path in PATHS:
+            mine = [r for r in rows if (r["recipe"], r["path"]) == (recipe, path)]
+            if not mine:
+                continue
+            n = next((r[i]["meshes"] for r in mine for i in IMPLS if i in r), "?")
+            lines += [
+                f"**{recipe}, {path} path** ({n} meshes per build)",
+                "",
+                "| world size | stock torch | rankmesh | speed-up | extra RSS torch | extra RSS rankmesh | PGs/rank torch | PGs/rank rankmesh |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            for r in mine:
+                t, m = r.get("torch"), r.get("rankmesh")
+                cell = lambda x, k, f: f(x[k]) if x else "–"  # noqa: E731
+                speed = f"{r['speedup']:,.0f}×" if "speedup" in r else "–"
+                lines.append(
+                    f"| {r['world']:,} | {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
+                    f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} | {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
+                    f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} |"
+                )
+            lines.append("")
+    if split_calls:
+        lines += [
+            "**One `split_group` call** (an 8-rank split of the default group bound to a device)",
+            "",
+            "| world size | torch's split_group | with rankmesh's narrowed rank table |",
+            "|---:|---:|---:|",
+        ]
+        lines += [f"| {c['world']:,} | {_fmt_s(c['torch'])} | {_fmt_s(c['rankmesh'])} |" for c in split_calls]
+        lines.append("")
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    labels = {"torch": "stock torch", "rankmesh": "rankmesh (with torch DeviceMesh objects)", "groups-only": "rankmesh layouts + process groups only"}
-    for impl, color in (("torch", "tab:red"), ("rankmesh", "tab:blue"), ("groups-only", "tab:green")):
-        pts = [(r["world"], r[impl]) for r in rows if impl in r]
-        if not pts:
-            continue
-        label = labels[impl]
-        ax.plot([w for w, _ in pts], [v["median_s"] * 1e3 for _, v in pts], "o-", color=color, label=label)
-        ax2.plot([w for w, _ in pts], [v["extra_rss_mb"] for _, v in pts], "o-", color=color, label=label)
+    styles = {"parallel_dims": "o", "titan030": "s"}
+    colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
+              ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}  # fmt: skip
+    for recipe in RECIPES:
+        for p in PATHS:
+            for impl in IMPLS:
+                pts = [(r["world"], r[impl]) for r in rows if (r["recipe"], r["path"]) == (recipe, p) and impl in r]
+                if not pts:
+                    continue
+                label = f"{'stock torch' if impl == 'torch' else 'rankmesh'}: {recipe}, {p}"
+                kw = dict(marker=styles[recipe], color=colors[(impl, p)], label=label, ls="-" if recipe == "titan030" else "--")
+                ax.plot([w for w, _ in pts], [v["median_s"] * 1e3 for _, v in pts], **kw)
+                ax2.plot([w for w, _ in pts], [v["extra_rss_mb"] for _, v in pts], **kw)
     for a in (ax, ax2):
         a.set_xscale("log", base=2)
         a.set_xlabel("world size (ranks)")
         a.grid(True, which="both", alpha=0.3)
-        a.legend()
+    ax.legend(fontsize=6)
     ax.set_yscale("log")
-    ax.set_ylabel("build + fetch all meshes, one rank (ms, median)")
-    ax.set_title("torchtitan mesh init per rank (fake backend)")
+    ax.set_ylabel("mesh init, one rank, real DeviceMesh objects (ms, median)")
+    ax.set_title("end to end, fake backend")
     ax2.set_ylabel("extra peak RSS (MB)")
     ax2.set_title("memory added by the build")
-    fig.suptitle("tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, 2-core CPU", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -190,14 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="measurements per point for rankmesh (default 5)")
     p.add_argument("--torch-repeats", type=int, default=3, help="stock torch measurements per point below 2^17 (default 3; 1 above)")
     p.add_argument("--impl", choices=IMPLS, action="append", help="only these implementations")
-    p.add_argument("--rank", type=int, default=None, help="rank to stand in for (default: 0)")
+    p.add_argument("--recipe", choices=RECIPES, action="append", help="only these recipes")
+    p.add_argument("--path", choices=PATHS, action="append", help="only these process-group paths")
+    p.add_argument("--rank", type=int, default=0, help="rank to stand in for (default: 0)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default: benches/results when run from the repo)")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
+    p.add_argument("--split-call", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.worker:
-        print(json.dumps(measure(args.worker, args.world, args.rank or 0)))
+        print(json.dumps(measure(args.worker, args.recipe[0], args.path[0], args.world, args.rank)))
+        return 0
+    if args.split_call:
+        print(json.dumps(measure_split_call(args.world)))
         return 0
 
     try:
@@ -207,17 +342,22 @@ def main(argv: list[str] | None = None) -> int:
     bad = [w for w in worlds if w < 256 or w > 2**30]
     if bad:
         p.error(f"--worlds: sizes must be between 2^8 and 2^30 for this config, got {bad}")
-    impls = args.impl or list(IMPLS)
+    impls, recipes, paths = args.impl or list(IMPLS), args.recipe or list(RECIPES), args.path or list(PATHS)
     samples = []
-    for world in worlds:
-        for impl in impls:
-            n = args.repeats if impl != "torch" else (args.torch_repeats if world < 2**17 else 1)
-            for _ in range(n):
-                s = _run_worker(impl, world, args.rank or 0)
-                samples.append(s)
-                print(f"  {impl:8s} W={world:>9,}  {_fmt_s(s['total_s']):>10}  +{s['extra_rss_mb']:.1f} MB  {s['process_groups']} PGs", file=sys.stderr)
+    for recipe in recipes:
+        for path in paths:
+            for world in worlds:
+                for impl in impls:
+                    n = args.repeats if impl != "torch" else (args.torch_repeats if world < 2**17 else 1)
+                    for _ in range(n):
+                        s = _run_worker(["--worker", impl, "--recipe", recipe, "--path", path, "--world", str(world), "--rank", str(args.rank)])
+                        samples.append(s)
+                        print(f"  {recipe:13s} {path:11s} {impl:8s} W={world:>9,}  {_fmt_s(s['total_s']):>10}  +{s['extra_rss_mb']:.1f} MB  {s['process_groups']} PGs", file=sys.stderr)
+    split_calls = []
+    if "split_group" in paths:
+        split_calls = [_run_worker(["--split-call", "--world", str(w)]) for w in worlds]
     rows = summarize(samples)
-    table = to_markdown(rows)
+    table = to_markdown(rows, split_calls)
     print(table)
     out = args.out
     if out is None:
@@ -226,11 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
+    tv = torch.__version__.split("+")[0]
     meta = {"torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count(), "config": CONFIG}
-    (out / "parallel_dims.json").write_text(json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=1))
-    (out / "parallel_dims.md").write_text(table + "\n")
-    if {"torch", "rankmesh"} <= set(impls):
-        plot(rows, out / "parallel_dims.png")
+    stem = f"e2e_torch{tv}"
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "split_calls": split_calls, "samples": samples}, indent=1))
+    (out / f"{stem}.md").write_text(f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n")
+    if set(IMPLS) <= set(impls):
+        plot(rows, out / f"{stem}.png", f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, 2-core CPU")
     print(f"results written to {out}", file=sys.stderr)
     return 0
 

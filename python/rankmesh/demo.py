@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.distributed_c10d import _world
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from torch.distributed.device_mesh import DeviceMesh
+
     from rankmesh import ParallelDims
     from rankmesh._stock import all_requests, stock_build
 
@@ -48,11 +50,24 @@ def main(argv: list[str] | None = None) -> int:
         dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, cp=args.cp, tp=args.tp,
         pp=args.pp, ep=args.ep, etp=args.etp, world_size=args.world_size,
     )
-    dist.init_process_group("fake", rank=args.rank, world_size=args.world_size, store=FakeStore())
     requests = all_requests()
+    # Warm both sides up on a small world first, so that the timings below compare the work and
+    # not cold imports (torch 2.15's first DeviceMesh slice imports torch._dynamo, ~2 s).
+    import torch._dynamo  # noqa: F401
     import torch.fx.experimental.proxy_tensor  # noqa: F401  (DeviceMesh slicing imports it lazily)
 
-    print(f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, config {cfg}")
+    warm = dict(cfg, world_size=256)
+    dist.init_process_group("fake", rank=0, world_size=256, store=FakeStore())
+    ParallelDims(**warm).build_mesh(device_type="cpu")
+    if not args.no_stock:
+        stock_build(**warm, device_type="cpu")
+    dist.destroy_process_group()
+
+    dist.init_process_group("fake", rank=args.rank, world_size=args.world_size, store=FakeStore())
+
+    import torch
+
+    print(f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, torch {torch.__version__}, config {cfg}")
     pgs0 = len(_world.pg_map)
     t0 = time.perf_counter()
     pd = ParallelDims(**cfg)
@@ -70,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nglobal meshes: {', '.join(f'{k}{tuple(m.mesh_dim_names)}={tuple(m.shape)}' for k, m in pd._global_meshes.items())}")
     report = pd.build_report
     print(f"process groups created by rankmesh on this rank: {pgs_ours} ({report})")
+    print(f"meshes are real torch DeviceMesh objects: {all(isinstance(m, DeviceMesh) for m in ours.values() if m is not None)}")
     print(f"rankmesh: build_mesh() + fetching {len(requests)} meshes/combinations: {t_ours * 1e3:,.1f} ms")
 
     if args.no_stock:
