@@ -31,6 +31,7 @@ from rankmesh.errors import (
     InvalidRankMapError,
     InvalidSizeError,
     LayoutOverflowError,
+    MeshArgumentError,
     ParallelConfigError,
     ParallelDimsError,
     RankmeshError,
@@ -45,6 +46,7 @@ from rankmesh.single import SingleMesh, single_mesh
 from rankmesh.topology import rank_map_from_hosts, topology_report
 
 if TYPE_CHECKING:
+    from rankmesh.mesh import FastDeviceMesh, init_device_mesh
     from rankmesh.parallel_dims import ParallelDims
     from rankmesh.torch_layer import BuildReport, MeshBuilder, check_consistency
 
@@ -52,6 +54,8 @@ __version__ = "0.1.0"
 
 # The torch layer imports torch (seconds); the layout algebra needs only numpy. Import it lazily.
 _LAZY = {
+    "init_device_mesh": "rankmesh.mesh",
+    "FastDeviceMesh": "rankmesh.mesh",
     "ParallelDims": "rankmesh.parallel_dims",
     "MeshBuilder": "rankmesh.torch_layer",
     "BuildReport": "rankmesh.torch_layer",
@@ -73,6 +77,8 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "MeshLayout",
     # torch layer and conventions
+    "init_device_mesh",
+    "FastDeviceMesh",
     "ParallelDims",
     "MeshBuilder",
     "BuildReport",
@@ -89,6 +95,7 @@ __all__ = [
     "InvalidSizeError",
     "SizeMismatchError",
     "LayoutOverflowError",
+    "MeshArgumentError",
     "UnknownNameError",
     "DuplicateNameError",
     "InvalidNameError",

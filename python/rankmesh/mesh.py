@@ -30,7 +30,7 @@ Example (one process standing in for rank 5 of 8 on the fake backend)::
     >>> mesh = init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
     >>> m = mesh._unflatten(0, (2, 2, 2), ("dp", "cp", "tp"))
     >>> m["dp", "tp"].mesh.tolist(), m.get_coordinate()
-    ([[1, 3], [5, 7]], (1, 0, 1))
+    ([[0, 1], [4, 5]], (1, 0, 1))
     >>> m["dp", "cp"]._flatten("dp_cp").mesh.tolist()
     [1, 3, 5, 7]
     >>> dist.destroy_process_group()

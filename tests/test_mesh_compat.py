@@ -1,0 +1,92 @@
+"""The version gate of the fast meshes: a torch rankmesh does not know (or a failed self-check)
+gives torch's own DeviceMesh with exactly one warning, never a wrong mesh; the examples in the
+mesh layer's docs run; the one rule for which group serves a dim is what MeshBuilder follows.
+"""
+
+from __future__ import annotations
+
+import doctest
+import warnings
+
+import pytest
+import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import init_device_mesh as torch_init
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import rankmesh
+from rankmesh import MeshLayout, _groups, _torch_compat, mesh
+from rankmesh.mesh import FastDeviceMesh, init_device_mesh
+
+
+@pytest.fixture
+def world8():
+    dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_this_torch_is_supported_and_passes_the_self_check():
+    assert _torch_compat.TORCH_VERSION in _torch_compat.SUPPORTED
+    assert _torch_compat._self_check() is None
+    assert _torch_compat.fast_meshes_available()
+
+
+def test_an_unknown_torch_falls_back_to_torchs_own_mesh_with_one_warning(world8, monkeypatch):
+    monkeypatch.setattr(_torch_compat, "TORCH_VERSION", (9, 99))
+    monkeypatch.setattr(_torch_compat, "_state", {})
+    with pytest.warns(RuntimeWarning, match="not one rankmesh's fast DeviceMesh was tested on"):
+        m = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    assert type(m) is DeviceMesh
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second call must not warn again
+        m2 = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    t = torch_init("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    for a in (m, m2):
+        assert a.mesh.tolist() == t.mesh.tolist()
+        assert a["tp"].mesh.tolist() == [4, 5, 6, 7]
+        assert a.get_coordinate() == t.get_coordinate() == (1, 1)
+
+
+def test_the_fallback_honours_a_rank_map(world8, monkeypatch):
+    monkeypatch.setattr(_torch_compat, "_state", {"ok": False})
+    rank_map = [7, 6, 5, 4, 3, 2, 1, 0]
+    m = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), rank_map=rank_map)
+    assert type(m) is DeviceMesh
+    assert m.mesh.tolist() == [[7, 6, 5, 4], [3, 2, 1, 0]]
+
+
+def test_a_failed_self_check_disables_the_fast_path(monkeypatch):
+    monkeypatch.setattr(_torch_compat, "_REQUIRED_METHODS", ("_no_such_method",))
+    reason = _torch_compat._self_check()
+    assert reason is not None and "_no_such_method" in reason
+
+
+def test_the_fast_mesh_is_the_default_path(world8):
+    m = rankmesh.init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
+    assert type(m) is FastDeviceMesh and isinstance(m, DeviceMesh)
+
+
+def test_fast_meshes_cannot_be_constructed_directly():
+    with pytest.raises(TypeError, match="init_device_mesh"):
+        FastDeviceMesh("cpu", [0, 1])
+
+
+@pytest.mark.parametrize("module", [mesh, _groups], ids=lambda m: m.__name__)
+def test_mesh_layer_docstring_examples_run(module):
+    result = doctest.testmod(module, verbose=False, report=True)
+    assert result.attempted > 0
+    assert result.failed == 0
+
+
+def test_group_key_follows_torchs_default_group_rule():
+    m = MeshLayout.world(8).unflatten("world", (1, 8), ("one", "all"))
+    assert _groups.group_key(m, "all", world_size=8) == _groups.DEFAULT
+    # an override is honoured, as torch does: a fake world-sized group, not the default group
+    assert _groups.group_key(m, "all", world_size=8, fake=True)[1] == _groups.FAKE
+    assert _groups.group_key(m, "all", world_size=8, backend="gloo")[1] == "gloo"
+    # size-1 dims never communicate
+    assert _groups.group_key(m, "one", world_size=8)[1] == _groups.FAKE
