@@ -90,3 +90,62 @@ def test_group_key_follows_torchs_default_group_rule():
     assert _groups.group_key(m, "all", world_size=8, backend="gloo")[1] == "gloo"
     # size-1 dims never communicate
     assert _groups.group_key(m, "one", world_size=8)[1] == _groups.FAKE
+
+
+def test_split_group_with_the_narrowed_rank_table_equals_torchs_and_restores_it():
+    """The split_group path (default group bound to a device), on the fake backend: the group
+    made with the narrowed table has the same ranks and group rank as torch's own call, and the
+    default group's full rank table is back afterwards, also when split_group raises."""
+    import torch
+
+    from rankmesh.torch_layer import _narrowed_parent_ranks
+
+    W = 64
+    dist.init_process_group("fake", rank=13, world_size=W, store=FakeStore())
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        pg.bound_device_id = torch.device("cuda", 0)
+        table = dist.distributed_c10d._world.pg_group_ranks
+        full = table[pg]
+        ranks = [5, 13, 21, 29]
+        with _narrowed_parent_ranks(pg, ranks, W):
+            assert table[pg] == {r: r for r in ranks}
+            ours = dist.split_group(parent_pg=pg, split_ranks=[ranks])
+        assert table[pg] is full and len(full) == W
+        theirs = dist.split_group(parent_pg=pg, split_ranks=[ranks])
+        assert dist.get_process_group_ranks(ours) == dist.get_process_group_ranks(theirs) == ranks
+        assert dist.get_rank(ours) == dist.get_rank(theirs) == 1
+        with pytest.raises(RuntimeError, match="boom"):
+            with _narrowed_parent_ranks(pg, ranks, W):
+                raise RuntimeError("boom")
+        assert table[pg] is full
+        # another parent than the default group is left alone
+        sub = dist.new_group(list(range(32)), use_local_synchronization=True)
+        with _narrowed_parent_ranks(sub, ranks, W):
+            assert len(table[sub]) == 32
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fast_meshes_on_the_split_path_equal_the_new_group_path():
+    """Same recipe, once with a (simulated) bound device and once without: same groups."""
+    import torch
+
+    def build(bound: bool):
+        dist.init_process_group("fake", rank=21, world_size=64, store=FakeStore())
+        try:
+            if bound:
+                dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
+            world = init_device_mesh("cpu", (64,), mesh_dim_names=("world",))
+            m = world._unflatten(0, (2, 4, 8), ("pp", "dp", "tp"), backend_override={"pp": "fake"})
+            flat = m["dp", "tp"]._flatten("dp_tp")
+            out = [dist.get_process_group_ranks(m.get_group(i)) for i in range(3)]
+            out.append(dist.get_process_group_ranks(flat.get_group()))
+            return out, m.build_report().method
+        finally:
+            dist.destroy_process_group()
+
+    (split, method_s), (new, method_n) = build(True), build(False)
+    assert (method_s, method_n) == ("split_group", "new_group")
+    assert split == new
+    assert split[2] == list(range(16, 24)) and split[1] == [5, 13, 21, 29]
