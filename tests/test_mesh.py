@@ -679,26 +679,39 @@ def test_meshes_of_one_world_share_one_group_per_partition_across_unflattens():
         world = init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
         assert world.get_group() is dist.group.WORLD
         m1 = world._unflatten(0, (2, 4), ("dp", "tp"))
-        m2 = world._unflatten(0, (2, 2, 2), ("a", "b", "tp"), backend_override={"b": FAKE})
-        assert ranks_of(m1.get_group("tp")) == [4, 5, 6, 7]
-        assert ranks_of(m2.get_group("tp")) == [5, 7]
-        assert m2["b", "tp"]._flatten("b_tp").get_group() is m1.get_group("tp")
-        assert m2.get_group("a") is m1.get_group("dp")  # the same partition {r, r+4}
-        assert m2["a", "b", "tp"]._flatten("all").get_group() is dist.group.WORLD
-        # b is fake; the real group with b's partition is a different one
+        m2 = world._unflatten(0, (2, 2, 2), ("a", "b", "c"), backend_override={"b": FAKE})
+        m3 = world._unflatten(0, (1, 2, 4), ("x", "dp", "tp"))
+        assert [ranks_of(m1.get_group(n)) for n in ("dp", "tp")] == [[1, 5], [4, 5, 6, 7]]
+        assert [ranks_of(m2.get_group(n)) for n in ("a", "b", "c")] == [[1, 5], [5, 7], [4, 5]]
+        # the same partition, whichever unflatten, slice or flatten made the dim: the same object
+        assert m3.get_group("tp") is m1.get_group("tp") and m3.get_group("dp") is m1.get_group("dp")
+        assert m2.get_group("a") is m1.get_group("dp")
+        assert m2["b", "c"]._flatten("bc").get_group() is m1.get_group("tp")
+        assert m2["a", "b", "c"]._flatten("all").get_group() is dist.group.WORLD
+        # b is fake; the real group of b's partition is another group
         assert _backend(m2.get_group("b")) == FAKE
         real_b = world._unflatten(0, (2, 2, 2), ("a", "b", "c")).get_group("b")
         assert _backend(real_b) == MESHFAKE and real_b is not m2.get_group("b")
-        assert ranks_of(real_b) == ranks_of(m2.get_group("b")) == [5, 7]
-        # sliced and unflattened again: still the same groups
-        assert m1["tp"]._unflatten(0, (2, 2), ("t0", "t1")).get_group("t1") is m2["tp"].get_group()
+        assert ranks_of(real_b) == [5, 7]
+        t01 = m1["tp"]._unflatten(0, (2, 2), ("t0", "t1"))
+        assert t01.get_group("t0") is real_b and t01.get_group("t1") is m2.get_group("c")
+        # torch, for contrast, makes new groups for every unflatten
+        t_world = torch_init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
+        t1 = t_world._unflatten(0, (2, 4), ("dp", "tp"))
+        t3 = t_world._unflatten(0, (1, 2, 4), ("x", "dp", "tp"))
+        assert ranks_of(t3.get_group("tp")) == ranks_of(m3.get_group("tp"))
+        assert t3.get_group("tp") is not t1.get_group("tp")
         rep = world.build_report()
         assert rep.method == "new_group"
-        # created: dp, tp (m1); b fake, tp2 (m2); b real; world served by the default group
-        assert rep.real == 4 and rep.fake == 1
-        assert rep.reused_default == 2  # the root's world dim and the "all" flatten
-        assert rep.dims == rep.real + rep.fake + rep.reused_default + rep.shared
-        assert rep.by_backend == {MESHFAKE: 4, FAKE: 1}
+        # created: dp, tp (m1); b (fake), c (m2); x (fake, m3); b (real). Served by the
+        # default group: the root's world dim and the "all" flatten. Everything else is shared.
+        assert (rep.real, rep.fake, rep.reused_default) == (4, 2, 2)
+        assert rep.dims == 1 + 2 + 3 + 3 + 1 + 1 + 3 + 2
+        assert rep.shared == rep.dims - 8
+        assert rep.by_backend == {MESHFAKE: 4, FAKE: 2}
+        assert [g[:2] for g in rep.groups] == [
+            ("dp", MESHFAKE), ("tp", MESHFAKE), ("b", FAKE), ("c", MESHFAKE), ("x", FAKE), ("b", MESHFAKE)
+        ]
 
 
 def test_a_dim_overridden_to_fake_stays_fake_through_derivations():
@@ -758,8 +771,10 @@ def test_a_million_rank_world_is_built_and_sliced_without_materialising_the_rank
         locals_ = [m.get_local_rank(m.ndim - 1) for m in meshes]
         tensors = [m.mesh for m in meshes]
         assert coords[0] == (rank,) and locals_[0] == rank
-        assert coords[1] == coords[2] == (0, 0, 3, 0, 25)  # 12345 = 3*4*32 + 0*32 + 25 + 12288
-        assert tensors[5].tolist() == [12345 - 25 + i for i in range(32)]  # dense["tp"]
+        want = tuple(int(c) for c in np.unravel_index(rank, tuple(sizes.values())))
+        assert coords[1] == coords[2] == want == (0, 1, 32, 1, 25)
+        assert tensors[6].tolist() == [rank - 25 + i for i in range(32)]  # dense["tp"]
+        assert tensors[7].tolist() == [[rank - 25 + i + pp * 2**17 for i in range(32)] for pp in range(8)]
         assert all(m.mesh.numel() < W for m in meshes[1:])
         for m in meshes:
             assert isinstance(m, FastDeviceMesh)

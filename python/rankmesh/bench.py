@@ -21,7 +21,8 @@ code is made to take its split path by reporting an accelerator).
 
 Before timing, each worker imports everything and builds the same recipe once at 256 ranks, on
 both sides (torch 2.15's first slice imports ``torch._dynamo``, ~2 s). Reported per point:
-median time, the ratio, peak RSS added by the build, the process groups this rank holds.
+median time, the ratio, peak RSS added by the build (VmHWM after resetting it, minus the RSS
+before), the process groups this rank holds.
 
 Usage::
 
@@ -56,9 +57,23 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    import resource
+    """Peak RSS since the last :func:`_reset_peak_rss` (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    import resource  # pragma: no cover - not Linux
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reset_peak_rss() -> None:
+    """Linux: make the peak RSS the current RSS, so the peak afterwards is the build's own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # pragma: no cover - not Linux, or not allowed
+        pass
 
 
 def titan030_recipe(init: Callable[..., Any], world: int) -> list[Any]:
@@ -162,7 +177,8 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
 
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     pgs_before = len(_world.pg_map)
-    rss_before = _peak_rss_mb()
+    _reset_peak_rss()
+    rss_before = _rss_mb()
     with _bound_device(path, impl):
         t0 = time.perf_counter()
         fetched = _build(impl, recipe, world)
