@@ -290,8 +290,9 @@ class FastDeviceMesh(DeviceMesh):
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        if isinstance(other, FastDeviceMesh):
-            return self._rm_world.same(other._rm_world) and compat.eq_fields(self) == compat.eq_fields(other)
+        theirs = other.__dict__.get("_rm_world") if type(other) is FastDeviceMesh else None
+        if theirs is not None:
+            return self._rm_world.same(theirs) and compat.eq_fields(self) == compat.eq_fields(other)
         if isinstance(other, DeviceMesh):
             return DeviceMesh.__eq__(self, other)
         return False
@@ -390,25 +391,21 @@ class FastDeviceMesh(DeviceMesh):
             else:  # a flattened dim sliced from the root (deprecated in torch, still supported)
                 flat = self._flatten_mapping[name]
                 group_names.append(flat._dim_group_names[0])
-        if all(n in own for n in submesh_dim_names):
+        idx = [own.index(n) if n in own else -1 for n in submesh_dim_names]
+        if idx and min(idx) >= 0 and all(b > a for a, b in zip(idx, idx[1:])):
             rm = self._rm_layout[tuple(submesh_dim_names)]
-        else:
+        else:  # size-1 dims out of mesh order (torch accepts them) or flattened names
             rm = self._rm_layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(submesh_dim_names))
         _check_agree(rm, layout)
         return FastDeviceMesh._make(
             self._rm_world, rm, layout, self._device_type, tuple(submesh_dim_names), group_names, root
         )
 
-    def _flatten(self, mesh_dim_name: str | None = None, backend_override: Any = None) -> DeviceMesh:  # type: ignore[override]
-        if not self._mesh_dim_names:
-            raise RuntimeError("Cannot flatten a DeviceMesh without mesh_dim_names!")
-        if mesh_dim_name is not None and not isinstance(mesh_dim_name, str):
+    def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
+        if not isinstance(mesh_dim_name, str):
             raise MeshArgumentError(
                 f"mesh_dim_name must be a str, got {mesh_dim_name!r}", "mesh_dim_name", repr(mesh_dim_name)
             )
-        return super()._flatten(mesh_dim_name, backend_override)
-
-    def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
         root = self._get_root_mesh()
         taken = tuple(root._mesh_dim_names or ())
         if mesh_dim_name in taken:
@@ -443,7 +440,14 @@ class FastDeviceMesh(DeviceMesh):
         mesh_dim_names: tuple[str, ...],
         backend_override: dict[str, Any] | None = None,
     ) -> DeviceMesh:
-        own = tuple(self._mesh_dim_names or ())
+        if not self._mesh_dim_names:
+            raise MeshArgumentError(
+                "Cannot unflatten a DeviceMesh without mesh_dim_names; pass mesh_dim_names to "
+                "init_device_mesh",
+                "mesh_dim_names",
+                "None",
+            )
+        own = tuple(self._mesh_dim_names)
         if isinstance(dim, str):
             if dim not in own:
                 raise UnknownNameError(
