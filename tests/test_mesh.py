@@ -1078,25 +1078,22 @@ def test_compiled_dtensor_function_on_our_mesh_matches_torchs_without_more_graph
     assert ours[2] == theirs[2]  # the same graph
 
 
-def test_compiled_redistribute_onto_our_mesh_works_like_torchs(gloo_world_of_one):
+def _compiled_redistribute(mesh):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("redist_a", "redist_b"))
     full = torch.arange(12, dtype=torch.float32).reshape(4, 3)
     x = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
     got, *_ = _compile_run(lambda x: x.redistribute(x.device_mesh, [Replicate(), Replicate()]).to_local(), x)
     assert torch.equal(got, full)
+
+
+def test_compiled_redistribute_onto_our_mesh_works_like_torchs(gloo_world_of_one):
+    _compiled_redistribute(init_device_mesh("cpu", (1, 1), mesh_dim_names=("redist_a", "redist_b")))
 
 
 def test_compiled_redistribute_onto_torchs_mesh_works(gloo_world_of_one):
     # The oracle of the test above: torch's own mesh, same dims, other names.
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    mesh = torch_init_device_mesh("cpu", (1, 1), mesh_dim_names=("oracle_a", "oracle_b"))
-    full = torch.arange(12, dtype=torch.float32).reshape(4, 3)
-    x = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
-    got, *_ = _compile_run(lambda x: x.redistribute(x.device_mesh, [Replicate(), Replicate()]).to_local(), x)
-    assert torch.equal(got, full)
+    _compiled_redistribute(torch_init_device_mesh("cpu", (1, 1), mesh_dim_names=("oracle_a", "oracle_b")))
 
 
 def _compiled_flatten(mesh):

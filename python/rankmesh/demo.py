@@ -36,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-stock", action="store_true", help="skip the stock-torch comparison")
     args = p.parse_args(argv)
 
+    import torch
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.distributed_c10d import _world
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from torch.distributed.device_mesh import DeviceMesh
 
     from rankmesh import ParallelDims
     from rankmesh._stock import all_requests, stock_build
@@ -64,9 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
 
     dist.init_process_group("fake", rank=args.rank, world_size=args.world_size, store=FakeStore())
-
-    import torch
-
     print(f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, torch {torch.__version__}, config {cfg}")
     pgs0 = len(_world.pg_map)
     t0 = time.perf_counter()

@@ -119,7 +119,10 @@ class _World:
             return self._flat_hash
 
     def same(self, other: _World) -> bool:
-        return self is other or (self.rank == other.rank and self.layout == other.layout)
+        return self is other or self.matches(other.layout, other.rank)
+
+    def matches(self, layout: MeshLayout, rank: int) -> bool:
+        return self.rank == rank and self.layout == layout
 
 
 def _modes(tl: _MeshLayout, i: int) -> list[tuple[int, int]]:
@@ -139,6 +142,14 @@ def _flat(modes: Sequence[tuple[int, int]]) -> _FlatLayout:
 def _torch_layout(rm: MeshLayout, dims: Sequence[int] | None = None) -> _MeshLayout:
     """torch's ``_MeshLayout`` of (some dims of) a rankmesh layout, O(modes)."""
     return _MeshLayout([_flat(rm.modes(i)) for i in (range(rm.ndim) if dims is None else dims)])
+
+
+def _mesh_order(own: tuple[str, ...], names: Sequence[str]) -> list[int] | None:
+    """The indices of ``names`` in ``own`` when all are there, in increasing (mesh) order; else None."""
+    idx = [own.index(n) if n in own else -1 for n in names]
+    if idx and idx[0] >= 0 and all(b > a for a, b in zip(idx, idx[1:])):
+        return idx
+    return None
 
 
 def _check_agree(rm: MeshLayout, tl: _MeshLayout) -> None:
@@ -321,7 +332,7 @@ class FastDeviceMesh(DeviceMesh):
         root = state.get("_root_mesh")
         # Meshes unpickled together share their root's world (pickle memoizes the root).
         world = root.__dict__.get("_rm_world") if isinstance(root, FastDeviceMesh) else None
-        if world is None or not world.same(_World(layout, rank, None)):
+        if world is None or not world.matches(layout, rank):
             world = _World(layout, rank, None)
         self.__dict__.update(state)
         self.__dict__["_rm_world"] = world
@@ -365,15 +376,10 @@ class FastDeviceMesh(DeviceMesh):
                 return self
             # The common case, names of this mesh in mesh order: O(ndim), no pycute. Anything
             # else (flattened names sliced from the root, size-1 dims out of order, errors) takes
-            # torch's own validation below.
-            idx = [own.index(n) if n in own else -1 for n in names]
-            if names and idx[0] >= 0 and all(b > a for a, b in zip(idx, idx[1:])):
-                rm = self._rm_layout[names]
-                tl = _MeshLayout([self._layout[i] for i in idx])
-                group_names = [self._dim_group_names[i] for i in idx]
-                return FastDeviceMesh._make(
-                    self._rm_world, rm, tl, self._device_type, names, group_names, self._get_root_mesh()
-                )
+            # torch's own validation below, which then calls _create_sub_mesh.
+            idx = _mesh_order(own, names)
+            if idx is not None:
+                return self._create_sub_mesh(_MeshLayout([self._layout[i] for i in idx]), names)
         try:
             return super().__getitem__(mesh_dim_names)
         except KeyError as e:
@@ -382,21 +388,19 @@ class FastDeviceMesh(DeviceMesh):
     def _create_sub_mesh(self, layout: _MeshLayout, submesh_dim_names: tuple[str, ...]) -> FastDeviceMesh:
         # torch has validated the names and computed ``layout`` (O(ndim)); we pick the groups and
         # this rank's part from the Rust layout instead of building a DeviceMesh over the world.
-        root = self._get_root_mesh()
         own = tuple(self._mesh_dim_names or ())
         group_names: list[str] = []
         for name in submesh_dim_names:
             if name in own:
                 group_names.append(self._dim_group_names[own.index(name)])
             else:  # a flattened dim sliced from the root (deprecated in torch, still supported)
-                flat = self._flatten_mapping[name]
-                group_names.append(flat._dim_group_names[0])
-        idx = [own.index(n) if n in own else -1 for n in submesh_dim_names]
-        if idx and min(idx) >= 0 and all(b > a for a, b in zip(idx, idx[1:])):
+                group_names.append(self._flatten_mapping[name]._dim_group_names[0])
+        if _mesh_order(own, submesh_dim_names) is not None:
             rm = self._rm_layout[tuple(submesh_dim_names)]
         else:  # size-1 dims out of mesh order (torch accepts them) or flattened names
             rm = self._rm_layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(submesh_dim_names))
-        _check_agree(rm, layout)
+            _check_agree(rm, layout)
+        root = self._get_root_mesh()
         return FastDeviceMesh._make(
             self._rm_world, rm, layout, self._device_type, tuple(submesh_dim_names), group_names, root
         )
@@ -595,18 +599,18 @@ def init_device_mesh(
             "mesh_shape",
             repr(shape),
         )
-    if rank_map is not None and isinstance(rank_map, torch.Tensor):
+    if isinstance(rank_map, torch.Tensor):
         rank_map = rank_map.detach().cpu().numpy()
     world_layout = MeshLayout.world(world_size, rank_map)
 
     if not compat.fast_meshes_available():
-        return _torch_init(device_type, shape, names, backend_override, world_layout)
+        return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
 
     rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
     rm = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
     tl = _torch_layout(rm)
     builder = MeshBuilder(world_layout, device_type=device_type)
-    world = _World(world_layout, builder.rank, builder)
+    world = builder._mesh_world = _World(world_layout, builder.rank, builder)
     probe = FastDeviceMesh._make(world, rm, tl, device_type, names, [], None)
     probe._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
     group_names = probe._groups_for(rm, range(len(shape)), overrides)
@@ -622,6 +626,7 @@ def _torch_init(
     shape: tuple[int, ...],
     names: tuple[str, ...] | None,
     backend_override: Mapping[int | str, Any] | None,
+    overrides: tuple[BackendConfig, ...],
     world_layout: MeshLayout,
 ) -> DeviceMesh:
     """torch's own construction of the same mesh (the fallback on an unknown torch)."""
@@ -635,7 +640,6 @@ def _torch_init(
             mesh_dim_names=names,
             backend_override=dict(backend_override) if backend_override else None,
         )
-    overrides = tuple(_normalize_overrides(backend_override, len(shape), names))
     return DeviceMesh(
         device_type,
         torch.from_numpy(rm).reshape(shape),
@@ -649,15 +653,13 @@ def _mesh_from_layout(
     layout: MeshLayout,
     device_type: str,
     fake_idx: set[int],
-    world: _World | None = None,
 ) -> FastDeviceMesh:
     """A root :class:`FastDeviceMesh` of any layout over the builder's world (what
-    :meth:`MeshBuilder.device_mesh` returns): torch's layout mirrors the Rust modes."""
+    :meth:`MeshBuilder.device_mesh` returns): torch's layout mirrors the Rust modes. Every mesh
+    of one builder shares one :class:`_World`."""
+    world = builder._mesh_world
     if world is None:
-        world = getattr(builder, "_rm_world", None)
-        if world is None:
-            world = _World(builder.world, builder.rank, builder)
-            builder._rm_world = world  # type: ignore[attr-defined]
+        world = builder._mesh_world = _World(builder.world, builder.rank, builder)
     tl = _torch_layout(layout)
     mesh = FastDeviceMesh._make(world, layout, tl, device_type, tuple(layout.names), [], None)
     overrides = [(FAKE, None) if i in fake_idx else _NO_OVERRIDE for i in range(layout.ndim)]

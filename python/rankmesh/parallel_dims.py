@@ -45,7 +45,7 @@ from rankmesh import _torchtitan as _tt
 from rankmesh._native import MeshLayout
 from rankmesh.errors import DistributedStateError, ParallelDimsError, RankmeshError, UnknownNameError
 from rankmesh.mesh import init_device_mesh
-from rankmesh.torch_layer import BuildReport
+from rankmesh.torch_layer import BuildReport, require_default_group
 from rankmesh.torch_layer import check_consistency as _check_consistency
 
 __all__ = ["ParallelDims"]
@@ -220,14 +220,7 @@ class ParallelDims:
             "tp=%d, ep=%d, etp=%d",
             self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
         )  # fmt: skip
-        if not dist.is_available() or not dist.is_initialized():
-            raise DistributedStateError(
-                "torch.distributed's default process group is not initialised; call "
-                "torch.distributed.init_process_group(...) (torchrun sets the environment) before "
-                "building meshes",
-                "default_group",
-                "None",
-            )
+        require_default_group("building meshes")
         if dist.get_world_size() != self.world_size:
             raise DistributedStateError(
                 f"the default process group has {dist.get_world_size()} ranks but "

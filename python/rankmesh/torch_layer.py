@@ -49,8 +49,6 @@ __all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
 
 logger = logging.getLogger("rankmesh")
 
-Modes = tuple[tuple[int, int], ...]
-
 
 @dataclass(frozen=True)
 class BuildReport:
@@ -141,14 +139,7 @@ class MeshBuilder:
     def __init__(self, world: MeshLayout, *, device_type: str = "cpu", rank: int | None = None) -> None:
         if not isinstance(world, MeshLayout):
             raise TypeError(f"world must be a rankmesh.MeshLayout, got {type(world).__name__}")
-        if not dist.is_available() or not dist.is_initialized():
-            raise DistributedStateError(
-                "torch.distributed's default process group is not initialised; call "
-                "torch.distributed.init_process_group(...) (torchrun sets the environment) before "
-                "building meshes",
-                "default_group",
-                "None",
-            )
+        require_default_group("building meshes")
         world_size = dist.get_world_size()
         if world_size != world.world_size:
             raise DistributedStateError(
@@ -174,7 +165,8 @@ class MeshBuilder:
         self._split = getattr(self._default, "bound_device_id", None) is not None
         self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
         self._keepalive: list[Any] = []
-        self._groups: dict[tuple[Modes, str | None], dist.ProcessGroup] = {}
+        self._groups: dict[tuple[Any, ...], dist.ProcessGroup] = {}  # by rankmesh._groups.group_key
+        self._mesh_world: Any = None  # rankmesh.mesh's state shared by this builder's meshes
         self._known: set[MeshLayout] = set()
         self._counters = _Counters()
         self._fake_ready = False
@@ -244,7 +236,7 @@ class MeshBuilder:
             return pg
         ranks = np.sort(layout.group(self._rank, dim)).tolist()
         desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
-        timeout = getattr(pg_options, "_timeout", None) if pg_options is not None else None
+        timeout = getattr(pg_options, "_timeout", None)
         extra: dict[str, Any] = {}
         if timeout is not None:
             extra["timeout"] = timeout
@@ -367,6 +359,17 @@ class MeshBuilder:
             self._fake_ready = True
 
 
+def require_default_group(what: str) -> None:
+    """Raises :class:`DistributedStateError` unless torch.distributed's default group exists."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise DistributedStateError(
+            "torch.distributed's default process group is not initialised; call "
+            f"torch.distributed.init_process_group(...) (torchrun sets the environment) before {what}",
+            "default_group",
+            "None",
+        )
+
+
 @contextlib.contextmanager
 def _narrowed_parent_ranks(parent: dist.ProcessGroup, ranks: list[int], world_size: int) -> Iterator[None]:
     """While ``split_group`` runs, show it only the part of the default group's rank table it reads.
@@ -465,12 +468,7 @@ def check_consistency(
     Use e.g. ``layout.fingerprint()`` or ``ParallelDims(...).fingerprint``; call it on every
     rank, before building meshes.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        raise DistributedStateError(
-            "check_consistency needs an initialised default process group",
-            "default_group",
-            "None",
-        )
+    require_default_group("check_consistency")
     fp = int(fingerprint)
     if not 0 <= fp <= _MASK64:
         raise ValueError(f"fingerprint must be an unsigned 64-bit integer, got {fingerprint!r}")
