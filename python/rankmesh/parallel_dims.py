@@ -25,7 +25,7 @@ on each of 8 ranks (after ``dist.init_process_group(...)``)::
     >>> sorted(pd.get_all_one_dimensional_meshes())  # doctest: +SKIP
     ['batch', 'dp_replicate', 'efsdp', 'fsdp', 'loss', 'tp']
     >>> print(pd.build_report)  # doctest: +SKIP
-    7 process groups created (4 gloo via new_group, 3 fake) for 15 mesh dims; 1 dim reuses the default group, 7 dims share a group created earlier
+    7 process groups created (4 on the default backend 'gloo' via new_group, 3 fake for size-1 or overridden dims) for 15 mesh dims; 1 dim reuses the default group, 7 dims share a group created earlier
 """
 
 from __future__ import annotations

@@ -105,8 +105,9 @@ class BuildReport:
             return f"{k} {one if k == 1 else many}"
 
         return (
-            f"{n(self.created, 'process group', 'process groups')} created ({self.real} "
-            f"{self.backend} via {self.method}, {self.fake} fake) for {n(self.dims, 'mesh dim', 'mesh dims')}; "
+            f"{n(self.created, 'process group', 'process groups')} created ({self.real} on the default "
+            f"backend {self.backend!r} via {self.method}, {self.fake} fake for size-1 or overridden dims) "
+            f"for {n(self.dims, 'mesh dim', 'mesh dims')}; "
             f"{n(self.reused_default, 'dim reuses', 'dims reuse')} the default group, "
             f"{n(self.shared, 'dim shares', 'dims share')} a group created earlier"
         )
