@@ -152,8 +152,9 @@ def test_random_configs_equal_stock_torch(deg, ep, etp_is_tp, rng):
     etp = deg["tp"] if (etp_is_tp and ep > 1) else 1
     fsdp_tp = deg["dp_shard"] * deg["cp"] * deg["tp"]
     if fsdp_tp % (ep * etp):
+        pd = ParallelDims(**deg, ep=ep, etp=etp, world_size=W)  # accepted, as torchtitan does
         with pytest.raises(ParallelDimsError, match="must divide"):
-            ParallelDims(**deg, ep=ep, etp=etp, world_size=W)
+            pd.layouts  # noqa: B018 - the first use of the degrees (build_mesh reads them too)
         return
     cfg = {**deg, "ep": ep, "etp": etp}
     compare_with_stock(cfg, W, rng.randrange(W))
@@ -213,8 +214,6 @@ def make(**kw):
         (dict(dp_shard=-1, tp=4, world_size=2), "leaves no rank"),
         (dict(dp_replicate=2, dp_shard=2, tp=2, world_size=10), r"Invalid parallel dims.*WORLD_SIZE\(10\)"),
         (dict(tp=4, ep=2, etp=2, world_size=4), "ETP=TP or ETP=1"),
-        (dict(dp_shard=2, ep=3, world_size=2), "ep \\* etp = 3 \\* 1 = 3 must divide"),
-        (dict(dp_shard=1, tp=2, ep=2, etp=2, world_size=2), "must divide dp_shard \\* cp \\* tp"),
         (dict(tp=2.0, world_size=2), "tp must be an int"),
     ],
 )
@@ -224,6 +223,25 @@ def test_validation(kw, match):
     # torchtitan raises AssertionError; rankmesh's errors are ValueErrors
     assert isinstance(ei.value, AssertionError) and isinstance(ei.value, ValueError)
     assert ei.value.field
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(dp_shard=2, ep=3, world_size=2), "ep \\* etp = 3 \\* 1 = 3 must divide"),
+        (dict(dp_shard=1, tp=2, ep=2, etp=2, world_size=2), "must divide dp_shard \\* cp \\* tp"),
+    ],
+)
+def test_sparse_mesh_that_does_not_divide_fails_at_first_use(kw, match):
+    """torchtitan's constructor accepts these (its own tests build one, ep=3 over 4 ranks, and
+    never mesh it); rankmesh raises where the degrees are first used, before any group exists."""
+    pd = make(**kw)
+    with pytest.raises(ParallelDimsError, match=match):
+        pd.layouts  # noqa: B018
+    with fake_world(kw["world_size"], 0):
+        with pytest.raises(ParallelDimsError, match=match):
+            pd.build_mesh(device_type="cpu")
+        assert pd._meshes == {}
 
 
 def test_dp_shard_auto_and_properties():

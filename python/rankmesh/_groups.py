@@ -2,8 +2,9 @@
 groups without importing torch; :class:`rankmesh.MeshBuilder` creates them by the same rule).
 
 - A world-sized dim without a backend override is served by the default group (torch's rule).
-- Otherwise a dim of size 1, or one asked to be fake, is served by a ``fake``-backend group
-  (it never communicates; for one rank the fake backend's collectives are exact).
+- Otherwise a dim asked to be fake is served by a ``fake``-backend group, and so is a dim of
+  size 1 (it never communicates; for one rank the fake backend's collectives are exact) unless
+  ``size_one_fake=False``, torch's own rule, which gives it a one-rank group on its backend.
 - Every other dim gets one group per distinct (partition of the world, backend, options): two
   dims whose groups are the same sets of ranks share one group.
 
@@ -38,6 +39,7 @@ def group_key(
     fake: bool = False,
     backend: str | None = None,
     options_id: int | None = None,
+    size_one_fake: bool = True,
 ) -> tuple[Any, ...]:
     """The key of the process group that serves ``dim`` of ``layout``: :data:`DEFAULT`, or
     ``(partition modes, backend, options id)`` with backend ``"fake"`` for fake dims and
@@ -45,6 +47,6 @@ def group_key(
     size = int(layout.size(dim))
     if size == world_size and not fake and backend is None and options_id is None:
         return DEFAULT
-    if fake or size == 1:
+    if fake or (size == 1 and size_one_fake):
         backend, options_id = FAKE, None
     return (tuple(map(tuple, layout.partition_key(dim))), backend, options_id)

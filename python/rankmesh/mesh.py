@@ -521,7 +521,7 @@ def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
     unknown = [n for n in names if n not in valid]
     if unknown:
         return UnknownNameError(
-            f"Invalid mesh_dim_names {names} specified: {unknown} not found. Valid mesh_dim_names are {valid}",
+            f"Invalid mesh_dim_names {names} specified. Valid mesh_dim_names are {valid}. Not found: {unknown}",
             "mesh_dim_names",
             repr(names),
         )
@@ -541,6 +541,7 @@ def init_device_mesh(
     mesh_dim_names: Sequence[str] | None = None,
     backend_override: Mapping[int | str, Any] | None = None,
     rank_map: Any = None,
+    size_one_fake: bool = True,
 ) -> DeviceMesh:
     """torch's ``init_device_mesh``, returning a :class:`FastDeviceMesh` built in O(group size).
 
@@ -553,6 +554,10 @@ def init_device_mesh(
         rank_map: optional permutation of ``range(world_size)`` placing rank ``rank_map[i]`` at
             world index ``i`` (topology-aware placement, as ``MeshLayout.world``); the result equals
             ``DeviceMesh(device_type, rank_map.reshape(mesh_shape), ...)``.
+        size_one_fake: serve dims of size 1 (of this mesh and every mesh derived from it) with
+            ``fake``-backend groups, which never communicate: one process group fewer per such
+            dim. ``False`` is torch's rule, a one-rank group on the dim's backend (what
+            :func:`rankmesh.torchtitan.accelerate` uses, so that torchtitan sees the same backends).
 
     The default process group must be initialised (or is initialised from the environment, as
     torch does). On a torch rankmesh does not know, warns once and returns torch's own mesh.
@@ -609,7 +614,7 @@ def init_device_mesh(
     rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
     rm = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
     tl = _torch_layout(rm)
-    builder = MeshBuilder(world_layout, device_type=device_type)
+    builder = MeshBuilder(world_layout, device_type=device_type, size_one_fake=size_one_fake)
     world = builder._mesh_world = _World(world_layout, builder.rank, builder)
     probe = FastDeviceMesh._make(world, rm, tl, device_type, names, [], None)
     probe._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks

@@ -54,8 +54,13 @@ logger = logging.getLogger("rankmesh")
 
 
 
-def _default_device_type() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+#: The device type ``build_mesh()`` uses when none is passed, as torchtitan's module-level
+#: ``device_type`` (torchtitan's own tests patch ``<module>.device_type``; so can yours).
+device_type: str = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _module_device_type() -> str:
+    return device_type  # read at call time, so a patched value is seen
 
 
 @dataclass
@@ -146,6 +151,12 @@ class ParallelDims:
                 "etp",
                 str(etp),
             )
+
+    def _validate_sparse(self) -> None:
+        """A check torchtitan does not make: the MoE mesh must divide. torchtitan's constructor
+        accepts such degrees (its own tests build them without meshing), so this runs where they
+        are first used, in building the meshes (torchtitan fails there inside torch)."""
+        dp_shard, cp, tp, ep, etp = self.dp_shard, self.cp, self.tp, self.ep, self.etp
         sparse = dp_shard * cp * tp
         if sparse % (ep * etp) != 0:
             raise ParallelDimsError(
@@ -172,6 +183,7 @@ class ParallelDims:
         """The rankmesh layouts of the meshes: ``world``, ``dataloading``, ``loss``, ``dense``,
         ``sparse`` (pure functions of the degrees; no process group involved)."""
         if self._layouts is None:
+            self._validate_sparse()
             self._layouts = _tt.layouts(self.world_size, self._degrees())
         return self._layouts
 
@@ -213,13 +225,14 @@ class ParallelDims:
                     device_type,
                 )
             return self._world_mesh
-        device_type = device_type or _default_device_type()
+        device_type = device_type or _module_device_type()
         t0 = time.perf_counter()
         logger.info(
             "Building device mesh with parallelism: pp=%d, dp_replicate=%d, dp_shard=%d, cp=%d, "
             "tp=%d, ep=%d, etp=%d",
             self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
         )  # fmt: skip
+        self._validate_sparse()
         require_default_group("building meshes")
         if dist.get_world_size() != self.world_size:
             raise DistributedStateError(

@@ -131,13 +131,17 @@ class MeshBuilder:
             derives from.
         device_type: the ``DeviceMesh`` device type, e.g. ``"cuda"`` or ``"cpu"``.
         rank: this process's global rank; defaults to (and must equal) ``dist.get_rank()``.
+        size_one_fake: serve size-1 dims with ``fake``-backend groups (the default; they never
+            communicate). ``False`` follows torch: a one-rank group on the dim's backend.
 
     The default process group must be initialised, with ``world.world_size`` ranks. Use one
     builder for every mesh of a job so that partitions shared between meshes get one group.
     Every rank must make the same sequence of calls (SPMD): the groups are created in call order.
     """
 
-    def __init__(self, world: MeshLayout, *, device_type: str = "cpu", rank: int | None = None) -> None:
+    def __init__(
+        self, world: MeshLayout, *, device_type: str = "cpu", rank: int | None = None, size_one_fake: bool = True
+    ) -> None:
         if not isinstance(world, MeshLayout):
             raise TypeError(f"world must be a rankmesh.MeshLayout, got {type(world).__name__}")
         require_default_group("building meshes")
@@ -159,6 +163,7 @@ class MeshBuilder:
             )
         self._world = world
         self._device_type = device_type
+        self._size_one_fake = bool(size_one_fake)
         self._rank = my_rank
         self._world_size = world_size
         self._default = dist.group.WORLD
@@ -205,7 +210,8 @@ class MeshBuilder:
     ) -> dist.ProcessGroup:
         """This rank's process group in ``dim`` of ``layout``.
 
-        ``fake=True`` (or a dim of size 1) gives a group on the ``fake`` backend, which never
+        ``fake=True`` (or a dim of size 1, unless the builder has ``size_one_fake=False``) gives
+        a group on the ``fake`` backend, which never
         communicates. ``backend`` / ``pg_options`` override the backend as torch's
         ``backend_override`` does. A world-sized dim without an override gives the default group.
         Otherwise the group is created once per distinct partition of the world (keyed on the
@@ -223,6 +229,7 @@ class MeshBuilder:
             fake=fake,
             backend=backend,
             options_id=None if pg_options is None else id(pg_options),
+            size_one_fake=self._size_one_fake,
         )
         if key[1:2] == (FAKE,):
             backend, pg_options = FAKE, None
