@@ -26,7 +26,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rankmesh._stock import mesh_exists
 from rankmesh._stock import stock_build as _stock_build
-from rankmesh.errors import ParallelDimsError, RankmeshError, UnknownNameError
+from rankmesh.errors import ParallelDimsError, RankmeshError, SliceOrderError, UnknownNameError
 from rankmesh.parallel_dims import ParallelDims
 
 NAMES = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
@@ -382,3 +382,24 @@ def test_build_needs_the_right_world():
         with pytest.raises(DistributedStateError, match="16 ranks"):
             pd.build_mesh(device_type="cpu")
         assert pd._meshes == {}
+
+
+@pytest.mark.parametrize(
+    "request_names",
+    [["fsdp", "dp_replicate"], ["tp", "dp_replicate", "fsdp"], ["ep", "efsdp"], ["tp", "batch"]],
+)
+def test_get_mesh_out_of_mesh_order_raises_torchs_error(request_names):
+    """torchtitan users see torch's error for a request out of mesh order: a KeyError with
+    torch's message (rankmesh's SliceOrderError appends the order that works)."""
+    cfg = dict(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2, etp=1)
+    with fake_world(8, 5):
+        _, stock_globals, _, _ = stock_build(cfg, 8)
+        pd = ParallelDims(**cfg, world_size=8)
+        pd.build_mesh(device_type="cpu")
+        owner = next(m for m in stock_globals.values() if set(request_names) <= set(m.mesh_dim_names))
+        with pytest.raises(KeyError) as theirs:
+            owner[tuple(request_names)]
+        with pytest.raises(KeyError) as ours:
+            pd.get_mesh(request_names)
+        assert isinstance(ours.value, SliceOrderError)
+        assert ours.value.args[0].startswith(theirs.value.args[0].rstrip(".")), (ours.value, theirs.value)

@@ -14,6 +14,10 @@ process per measurement standing in for one rank:
   cp, tp]``, sparse ``[pp, dp_replicate, efsdp, ep]``, and expert TP ``[pp, dp_replicate, efsdp,
   ep, etp]``), one ``_flatten`` (loss), every 1-D slice and the multi-axis meshes FSDP2/HSDP use.
   Both sides run the identical code with their own ``init_device_mesh``.
+- ``torchtitan``: the installed torchtitan 0.3.0 itself (needs ``pip install torchtitan==0.3.0``):
+  ``ParallelDims(...).build_mesh()`` with its default ``spmd_backend``, then every 1-D mesh,
+  ``spmd_meshes()`` and the FSDP meshes (dense and MoE); torch = stock, rankmesh = the same
+  code under :func:`rankmesh.torchtitan.accelerate` (no ``etp`` in 0.3.0).
 
 Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL, gloo) and
 ``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -47,7 +52,7 @@ from typing import Any, Callable
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
 IMPLS = ("rankmesh", "torch")
-RECIPES = ("parallel_dims", "titan030")
+RECIPES = ("parallel_dims", "titan030", "torchtitan")
 PATHS = ("new_group", "split_group")
 
 
@@ -134,8 +139,25 @@ def _bound_device(path: str, impl: str):
         torch.accelerator.is_available, torch.accelerator.current_accelerator = saved
 
 
+def _build_torchtitan(impl: str, world: int) -> int:
+    """torchtitan 0.3.0's own build, stock or accelerated; returns the number of meshes fetched."""
+    import torchtitan.distributed.parallel_dims as tpd
+
+    import rankmesh.torchtitan as rt
+
+    tpd.device_type = "cpu"  # torchtitan falls back to "cuda" without an accelerator
+    pd = tpd.ParallelDims(**{k: v for k, v in CONFIG.items() if k != "etp"}, world_size=world)
+    with rt.accelerate() if impl == "rankmesh" else contextlib.nullcontext():
+        pd.build_mesh()
+    meshes = [*pd.get_all_one_dimensional_meshes().values(), *pd.spmd_meshes()]
+    meshes += [pd.get_optional_mesh(["dp_replicate", "dp_shard"]), pd.get_optional_mesh(["dp_replicate", "efsdp"])]
+    return sum(m is not None for m in meshes)
+
+
 def _build(impl: str, recipe: str, world: int) -> int:
     """Builds the recipe; returns the number of meshes fetched."""
+    if recipe == "torchtitan":
+        return _build_torchtitan(impl, world)
     if recipe == "titan030":
         if impl == "rankmesh":
             from rankmesh.mesh import init_device_mesh
@@ -169,6 +191,9 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
 
     import rankmesh.mesh  # noqa: F401
     import rankmesh.parallel_dims  # noqa: F401
+
+    if recipe == "torchtitan":
+        import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
 
     dist.init_process_group("fake", rank=0, world_size=256, store=FakeStore())
     with _bound_device(path, impl):
@@ -301,7 +326,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"parallel_dims": "o", "titan030": "s"}
+    styles = {"parallel_dims": "o", "titan030": "s", "torchtitan": "^"}
     colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
               ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}  # fmt: skip
     for recipe in RECIPES:
@@ -311,7 +336,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                 if not pts:
                     continue
                 label = f"{'stock torch' if impl == 'torch' else 'rankmesh'}: {recipe}, {p}"
-                kw = dict(marker=styles[recipe], color=colors[(impl, p)], label=label, ls="-" if recipe == "titan030" else "--")
+                kw = dict(marker=styles[recipe], color=colors[(impl, p)], label=label, ls={"titan030": "-", "torchtitan": ":"}.get(recipe, "--"))
                 ax.plot([w for w, _ in pts], [v["median_s"] * 1e3 for _, v in pts], **kw)
                 ax2.plot([w for w, _ in pts], [v["extra_rss_mb"] for _, v in pts], **kw)
     for a in (ax, ax2):
@@ -359,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--worlds: sizes must be between 2^8 and 2^30 for this config, got {bad}")
     impls, recipes, paths = args.impl or list(IMPLS), args.recipe or list(RECIPES), args.path or list(PATHS)
+    if "torchtitan" in recipes and importlib.util.find_spec("torchtitan") is None:
+        if args.recipe:
+            p.error("--recipe torchtitan needs torchtitan 0.3.0 installed (pip install torchtitan==0.3.0)")
+        recipes.remove("torchtitan")
+        print("torchtitan is not installed: skipping the torchtitan recipe", file=sys.stderr)
     samples = []
     for recipe in recipes:
         for path in paths:
@@ -372,9 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     split_calls = []
     if "split_group" in paths:
         split_calls = [_run_worker(["--split-call", "--world", str(w)]) for w in worlds]
-    rows = summarize(samples)
-    table = to_markdown(rows, split_calls)
-    print(table)
     out = args.out
     if out is None:
         repo = Path(__file__).resolve().parents[2]
@@ -385,6 +412,18 @@ def main(argv: list[str] | None = None) -> int:
     tv = torch.__version__.split("+")[0]
     meta = {"torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count(), "config": CONFIG}
     stem = f"e2e_torch{tv}"
+    # A run replaces the points it measured and keeps the others from the last results file.
+    measured = {(s["recipe"], s["path"], s["world"], s["impl"]) for s in samples}
+    previous = out / f"{stem}.json"
+    if previous.is_file():
+        old = json.loads(previous.read_text())
+        if old.get("meta", {}).get("config") == CONFIG:
+            samples = [s for s in old.get("samples", []) if (s["recipe"], s["path"], s["world"], s["impl"]) not in measured] + samples
+            done = {c["world"] for c in split_calls}
+            split_calls = sorted([c for c in old.get("split_calls", []) if c["world"] not in done] + split_calls, key=lambda c: c["world"])
+    rows = summarize(samples)
+    table = to_markdown(rows, split_calls)
+    print(table)
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "split_calls": split_calls, "samples": samples}, indent=1))
     (out / f"{stem}.md").write_text(f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n")
     if set(IMPLS) <= set(impls):
