@@ -381,3 +381,15 @@ def test_config_route_through_torchtitans_config_manager():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ACCELERATED rankmesh.torchtitan" in out.stdout
+
+
+def test_an_old_handle_does_not_undo_a_newer_acceleration():
+    first = rt.accelerate()
+    rt.restore()  # e.g. the --module route turned off by hand
+    second = rt.accelerate()
+    try:
+        first.restore()  # belongs to a patch that is gone: must not remove the new one
+        assert second.active and rt.is_accelerated()
+    finally:
+        second.restore()
+    assert not rt.is_accelerated()

@@ -56,8 +56,9 @@ _TARGET_NAME = "init_device_mesh"
 
 _lock = threading.Lock()
 _warned: set[str] = set()
-# Set while the patch is in place: the module patched and the value it held before.
-_patched: tuple[ModuleType, object] | None = None
+# Set while the patch is in place: the module patched, the value it held before, and the handle
+# that put it there (only that handle, or restore(), takes it out).
+_patched: tuple[ModuleType, object, Acceleration] | None = None
 
 
 class Acceleration:
@@ -68,24 +69,22 @@ class Acceleration:
     or that refused (unsupported torchtitan), does nothing when closed.
     """
 
-    __slots__ = ("_owner", "reason")
+    __slots__ = ("reason",)
 
-    def __init__(self, owner: bool, reason: str = "") -> None:
-        self._owner = owner
+    def __init__(self, reason: str = "") -> None:
         #: Why the call did not patch ("" when it did).
         self.reason = reason
 
     @property
     def active(self) -> bool:
         """True while this handle's patch is in place."""
-        return self._owner and _patched is not None
+        return _patched is not None and _patched[2] is self
 
     def restore(self) -> None:
         """Put torch's ``init_device_mesh`` back, if this handle installed rankmesh's."""
         with _lock:
-            if self._owner:
+            if _patched is not None and _patched[2] is self:
                 _unpatch()
-            self._owner = False
 
     def __enter__(self) -> Acceleration:
         return self
@@ -103,7 +102,7 @@ class Acceleration:
 def _unpatch() -> None:
     global _patched
     if _patched is not None:
-        module, original = _patched
+        module, original, _ = _patched
         setattr(module, _TARGET_NAME, original)
         _patched = None
 
@@ -161,7 +160,7 @@ def accelerate() -> Acceleration:
             "rankmesh.torchtitan.accelerate(): torchtitan is not installed; nothing to accelerate "
             f"(supported: torchtitan {', '.join(SUPPORTED_VERSIONS)})",
         )
-        return Acceleration(False, "torchtitan is not installed")
+        return Acceleration("torchtitan is not installed")
     if version not in SUPPORTED_VERSIONS:
         _warn_once(
             version,
@@ -169,7 +168,7 @@ def accelerate() -> Acceleration:
             f"been tested with (supported: {', '.join(SUPPORTED_VERSIONS)}); torchtitan keeps "
             "torch's own DeviceMesh path. Install a supported torchtitan to accelerate it",
         )
-        return Acceleration(False, f"torchtitan {version} is not supported")
+        return Acceleration(f"torchtitan {version} is not supported")
 
     import importlib
 
@@ -178,7 +177,7 @@ def accelerate() -> Acceleration:
     module = importlib.import_module(_TARGET_MODULE)
     with _lock:
         if _patched is not None:
-            return Acceleration(False, "already accelerated")
+            return Acceleration("already accelerated")
         current = getattr(module, _TARGET_NAME, None)
         if current is not torch_init_device_mesh:
             _warn_once(
@@ -186,7 +185,8 @@ def accelerate() -> Acceleration:
                 f"rankmesh.torchtitan.accelerate(): {_TARGET_MODULE}.{_TARGET_NAME} is {current!r}, "
                 "not torch's init_device_mesh (something else replaced it); leaving it alone",
             )
-            return Acceleration(False, f"{_TARGET_MODULE}.{_TARGET_NAME} was replaced by something else")
+            return Acceleration(f"{_TARGET_MODULE}.{_TARGET_NAME} was replaced by something else")
+        handle = Acceleration()
         setattr(module, _TARGET_NAME, _titan_init_device_mesh)
-        _patched = (module, current)
-        return Acceleration(True)
+        _patched = (module, current, handle)
+        return handle
