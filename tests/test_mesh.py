@@ -14,7 +14,7 @@ the last rank and a random rank in turn.
 Backends: in a world on the ``fake`` backend a dim overridden to ``"fake"`` and a dim on the
 default backend are indistinguishable (``dist.get_backend``, ``_get_backend_name`` and the group
 description are equal). So the property test runs its worlds on ``meshfake``, a backend registered
-below that is the fake process group under another name: groups on the default backend report
+by tests/conftest.py that is the fake process group under another name: groups on the default backend report
 ``"meshfake"`` and overridden ones ``"fake"``.
 
 No timing is asserted anywhere; speed is measured by the benchmarks.
@@ -38,7 +38,6 @@ import torch.nn as nn
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from torch._C._distributed_c10d import FakeProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -68,15 +67,7 @@ pytestmark = [
 ]
 
 FAKE = "fake"
-MESHFAKE = "meshfake"
-
-
-def _create_meshfake_pg(common_opts, backend_opts):
-    return FakeProcessGroup._create_internal(common_opts.group_rank, common_opts.group_size, backend_opts)
-
-
-if MESHFAKE not in dist.Backend.backend_list:
-    dist.Backend.register_backend(MESHFAKE, _create_meshfake_pg, extended_api=True, devices=["cpu"])
+MESHFAKE = "meshfake"  # registered by tests/conftest.py
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ compared: every 1-D mesh, every multi-axis request (existing or not), ``spmd_mes
 ``get_all_one_dimensional_meshes()``, ``get_activated_mesh``/``resolve_mesh``, mesh names, mesh
 tensors, coordinates, group ranks and group backends, for all three ``spmd_backend``s.
 
-Backends: the worlds run on ``titanfake``, the fake process group registered under another name,
-so that a group on the default backend (``titanfake``) and one torchtitan overrode to ``fake`` can
+Backends: the worlds run on ``meshfake`` (tests/conftest.py), the fake process group registered
+under another name, so that a group on the default backend (``titanfake``) and one torchtitan overrode to ``fake`` can
 be told apart.
 
 No timing is asserted; the benchmarks measure speed.
@@ -20,13 +20,11 @@ import random
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from torch._C._distributed_c10d import FakeProcessGroup
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -43,16 +41,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
-DEFAULT_BACKEND = "titanfake"
+DEFAULT_BACKEND = "meshfake"  # registered by tests/conftest.py
 ALL_AXES = ("pp", "dp", "dp_replicate", "dp_shard", "fsdp", "cp", "tp", "ep", "efsdp", "batch", "loss")
-
-
-def _create_titanfake_pg(common_opts, backend_opts):
-    return FakeProcessGroup._create_internal(common_opts.group_rank, common_opts.group_size, backend_opts)
-
-
-if DEFAULT_BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(DEFAULT_BACKEND, _create_titanfake_pg, extended_api=True, devices=["cpu"])
 
 
 @pytest.fixture(autouse=True)
@@ -74,10 +64,6 @@ def titan_world(world_size: int, rank: int):
 
 def make_pd(cfg: dict, world: int, backend: str):
     return tpd.ParallelDims(**cfg, world_size=world, spmd_backend=backend)
-
-
-def n_groups() -> int:
-    return len(c10d._world.pg_map)
 
 
 def build(cfg: dict, world: int, backend: str, *, accelerated: bool):

@@ -211,8 +211,7 @@ class MeshBuilder:
         """This rank's process group in ``dim`` of ``layout``.
 
         ``fake=True`` (or a dim of size 1, unless the builder has ``size_one_fake=False``) gives
-        a group on the ``fake`` backend, which never
-        communicates. ``backend`` / ``pg_options`` override the backend as torch's
+        a group on the ``fake`` backend, which never communicates. ``backend`` / ``pg_options`` override the backend as torch's
         ``backend_override`` does. A world-sized dim without an override gives the default group.
         Otherwise the group is created once per distinct partition of the world (keyed on the
         dim's modes, backend and options) and shared by every later dim with the same key.

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 sys.path.insert(0, os.path.dirname(__file__))
-from worker import Recorder, compare, make_mlp, reference_step, train_step  # noqa: E402
+from worker import Recorder, check_fsdp  # noqa: E402
 
 CFG = dict(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2)
 DENSE_DP = {
@@ -72,18 +72,6 @@ def check_groups(stock, ours) -> dict:
         reduced[name] = len(ranks)
     assert sorted(ours.get_all_one_dimensional_meshes()) == sorted(stock.get_all_one_dimensional_meshes())
     return {"reduced": reduced}
-
-
-def check_fsdp(pd, dims: list[str]) -> dict:
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = pd.get_mesh(dims)
-    lr = 0.1
-    model = make_mlp()
-    fully_shard(model, mesh=mesh)
-    got = train_step(model, mesh, lr)
-    compare(got, reference_step(mesh.size(), lr))
-    return {"mesh": list(mesh.shape)}
 
 
 def main() -> None:
