@@ -24,6 +24,8 @@ from rankmesh.errors import (
     DistributedStateError,
     DuplicateNameError,
     EmptySliceError,
+    GroupExistsError,
+    GroupNotCreatedError,
     IncompatibleLayoutError,
     InternalError,
     InvalidLayoutError,
@@ -31,6 +33,8 @@ from rankmesh.errors import (
     InvalidRankMapError,
     InvalidSizeError,
     LayoutOverflowError,
+    MegatronConfigError,
+    MegatronStateError,
     MeshArgumentError,
     ParallelConfigError,
     ParallelDimsError,
@@ -40,6 +44,7 @@ from rankmesh.errors import (
     SliceOrderError,
     TopologyError,
     UnknownNameError,
+    UnsupportedVersionError,
 )
 from rankmesh.megatron import ModelParallelLayout, RankGenerator, model_parallel_layout
 from rankmesh.single import SingleMesh, single_mesh
@@ -113,4 +118,9 @@ __all__ = [
     "DistributedStateError",
     "ConfigMismatchError",
     "ConsistencyTimeoutError",
+    "MegatronConfigError",
+    "MegatronStateError",
+    "UnsupportedVersionError",
+    "GroupExistsError",
+    "GroupNotCreatedError",
 ]

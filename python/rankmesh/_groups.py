@@ -5,8 +5,10 @@ groups without importing torch; :class:`rankmesh.MeshBuilder` creates them by th
 - Otherwise a dim asked to be fake is served by a ``fake``-backend group, and so is a dim of
   size 1 (it never communicates; for one rank the fake backend's collectives are exact) unless
   ``size_one_fake=False``, torch's own rule, which gives it a one-rank group on its backend.
-- Every other dim gets one group per distinct (partition of the world, backend, options): two
-  dims whose groups are the same sets of ranks share one group.
+- Every other dim gets one group per distinct (partition of the world, backend, options, timeout,
+  tag): two dims whose groups are the same sets of ranks share one group. A ``tag`` asks for a
+  communicator of its own (Megatron's all-gather twin of the dp-cp group); a ``timeout`` other
+  than the backend's default keeps a group from being shared with one that has another timeout.
 
     >>> from rankmesh import MeshLayout
     >>> m = MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp"))
@@ -24,7 +26,7 @@ from typing import Any
 
 from rankmesh._native import MeshLayout
 
-__all__ = ["DEFAULT", "FAKE", "group_key"]
+__all__ = ["DEFAULT", "FAKE", "extend_key", "group_key"]
 
 FAKE = "fake"
 #: The key of dims served by the default (world) group.
@@ -40,13 +42,22 @@ def group_key(
     backend: str | None = None,
     options_id: int | None = None,
     size_one_fake: bool = True,
+    timeout: Any = None,
+    tag: str | None = None,
 ) -> tuple[Any, ...]:
     """The key of the process group that serves ``dim`` of ``layout``: :data:`DEFAULT`, or
     ``(partition modes, backend, options id)`` with backend ``"fake"`` for fake dims and
-    ``None`` for the default backend. Dims with equal keys share one group."""
+    ``None`` for the default backend, followed by ``(timeout, tag)`` when either is given.
+    Dims with equal keys share one group. A world-sized dim with only a ``timeout`` is still
+    served by the default group (which keeps its own timeout)."""
     size = int(layout.size(dim))
-    if size == world_size and not fake and backend is None and options_id is None:
+    if size == world_size and not fake and backend is None and options_id is None and tag is None:
         return DEFAULT
     if fake or (size == 1 and size_one_fake):
-        backend, options_id = FAKE, None
-    return (tuple(map(tuple, layout.partition_key(dim))), backend, options_id)
+        backend, options_id, timeout = FAKE, None, None
+    return extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
+
+
+def extend_key(key: tuple[Any, ...], timeout: Any = None, tag: str | None = None) -> tuple[Any, ...]:
+    """``key`` with ``(timeout, tag)`` appended when either is given (keys stay short otherwise)."""
+    return key if timeout is None and tag is None else key + (timeout, tag)

@@ -40,6 +40,11 @@ __all__ = [
     "ConfigMismatchError",
     "ConsistencyTimeoutError",
     "ParallelDimsError",
+    "MegatronConfigError",
+    "MegatronStateError",
+    "UnsupportedVersionError",
+    "GroupExistsError",
+    "GroupNotCreatedError",
 ]
 
 
@@ -190,3 +195,37 @@ class ConsistencyTimeoutError(ConfigMismatchError, TimeoutError):
 class ParallelDimsError(RankmeshError, AssertionError):
     """Invalid parallelism degrees for :class:`rankmesh.ParallelDims`. Also an
     ``AssertionError`` (and a ``ValueError``), which is what torchtitan's ``ParallelDims`` raises."""
+
+
+class MegatronConfigError(ParallelConfigError, AssertionError):
+    """A Megatron configuration that megatron-core rejects with an ``assert`` (an order that does
+    not end with pp while the dense and expert dp sizes differ, dense and expert pipeline groups
+    that differ, a dp size not divisible by ``num_distributed_optimizer_instances``, hierarchical
+    cp sizes that do not multiply to cp, ep and cp both > 1 in one ``RankGenerator``, an unknown
+    ``sharp_enabled_group`` or pipeline backend). Also an ``AssertionError``, so code written
+    against megatron-core keeps catching it."""
+
+
+class MegatronStateError(DistributedStateError, AssertionError):
+    """megatron-core's ``parallel_state`` is not in the state the call needs: torch.distributed
+    is not initialised, or model parallelism already is (call ``destroy_model_parallel()``
+    first). Also an ``AssertionError``, which megatron-core raises in the same situations."""
+
+
+class UnsupportedVersionError(RankmeshError, RuntimeError):
+    """An installed framework version that rankmesh has not been proved against (``field`` is
+    the package, ``value`` its version); the message names the supported range."""
+
+
+class GroupExistsError(RankmeshError, KeyError):
+    """A process group that was already created (``HyperCommGrid.create_pg`` twice for the same
+    dims). Also a ``KeyError``, which megatron-core's ``HyperCommGrid`` raises."""
+
+    __str__ = RankmeshError.__str__
+
+
+class GroupNotCreatedError(RankmeshError, KeyError):
+    """A process group asked for before it was created (``HyperCommGrid.get_pg`` before
+    ``create_pg``). Also a ``KeyError``, which megatron-core's ``HyperCommGrid`` raises."""
+
+    __str__ = RankmeshError.__str__

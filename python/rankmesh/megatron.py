@@ -37,6 +37,7 @@ from rankmesh.errors import (
     InvalidNameError,
     InvalidSizeError,
     LayoutOverflowError,
+    MegatronConfigError,
     ParallelConfigError,
     RankOutOfRangeError,
     SliceOrderError,
@@ -55,7 +56,33 @@ __all__ = [
     "model_parallel_layout",
     "default_embedding_ranks",
     "default_position_embedding_ranks",
+    # megatron-core's parallel_state and HyperCommGrid on rankmesh (import torch when first used)
+    "initialize_model_parallel",
+    "destroy_model_parallel",
+    "last_build_report",
+    "SUPPORTED_MEGATRON_CORE",
+    "HyperCommGrid",
 ]
+
+# Names that need torch (and megatron-core), imported when first used so that the layout API
+# above stays torch-free.
+_LAZY = {
+    "initialize_model_parallel": "rankmesh._megatron_init",
+    "destroy_model_parallel": "rankmesh._megatron_init",
+    "last_build_report": "rankmesh._megatron_init",
+    "SUPPORTED_MEGATRON_CORE": "rankmesh._megatron_init",
+    "HyperCommGrid": "rankmesh._megatron_grid",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rankmesh.megatron' has no attribute {name!r}")
 
 #: The dim names a Megatron ``RankGenerator`` knows, in its own ``name_to_size`` order.
 MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
@@ -136,8 +163,9 @@ class RankGenerator:
             with a topology-aware ``rank_map`` (see :mod:`rankmesh.topology`); identity otherwise.
 
     Errors (all :class:`~rankmesh.RankmeshError`): a degree < 1 (:class:`InvalidSizeError`), ep
-    and cp both > 1 or a dim of size > 1 missing from ``order`` (:class:`ParallelConfigError`,
-    also a ``RuntimeError`` as in Megatron), an unknown name (:class:`UnknownNameError`, also a
+    and cp both > 1 (:class:`MegatronConfigError`, also an ``AssertionError`` as in Megatron), a
+    dim of size > 1 missing from ``order`` (:class:`ParallelConfigError`, also a ``RuntimeError``
+    as in Megatron), an unknown name (:class:`UnknownNameError`, also a
     ``KeyError``), a name twice (:class:`DuplicateNameError`), a negative ``rank_offset``
     (:class:`InvalidSizeError`; Megatron silently ignores it) or ranks past int32
     (:class:`LayoutOverflowError`).
@@ -170,7 +198,7 @@ class RankGenerator:
         sizes = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
         sizes = {k: _positive(v, k) for k, v in sizes.items()}
         if sizes["ep"] > 1 and sizes["cp"] > 1:
-            raise ParallelConfigError(
+            raise MegatronConfigError(
                 f"ep ({sizes['ep']}) and cp ({sizes['cp']}) cannot both be > 1 in one RankGenerator: "
                 "Megatron keeps cp in the dense generator (ep=1) and ep in the expert one (cp=1); "
                 "use model_parallel_layout() to build both",
@@ -703,11 +731,12 @@ def model_parallel_layout(
 
     Nothing is communicated: this is pure layout work, identical on every rank. Raises
     :class:`ParallelConfigError` (a ``RuntimeError``, like Megatron) when ``world_size`` is not a
-    multiple of tp*pp*cp or of expert_tp*ep*pp, when a virtual pipeline is asked without pp > 1,
-    when the order does not end with pp and pp > 1 and the dense and expert dp sizes differ, when
-    the dense and expert pipeline groups differ, when dp*cp or the expert dp is not a multiple of
-    ``num_distributed_optimizer_instances``, and when the hierarchical cp sizes do not multiply
-    to cp.
+    multiple of tp*pp*cp or of expert_tp*ep*pp and when a virtual pipeline is asked without
+    pp > 1; and its subclass :class:`MegatronConfigError` (also an ``AssertionError``, like
+    Megatron's asserts) when the order does not end with pp and pp > 1 and the dense and expert
+    dp sizes differ, when the dense and expert pipeline groups differ, when dp*cp or the expert
+    dp is not a multiple of ``num_distributed_optimizer_instances``, and when the hierarchical cp
+    sizes do not multiply to cp.
     """
     world_size = _positive(world_size, "world_size")
     tp = _positive(tensor_model_parallel_size, "tensor_model_parallel_size")
@@ -751,7 +780,7 @@ def model_parallel_layout(
     expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
 
     if not (order.lower().endswith("pp") or pp == 1 or edp == dp):
-        raise ParallelConfigError(
+        raise MegatronConfigError(
             f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the "
             f"attention ({dp}) and MoE ({edp}) layers must be the same; put pp last or make "
             "expert_tp*ep equal tp*cp",
@@ -762,7 +791,7 @@ def model_parallel_layout(
         def step(g: RankGenerator) -> str:
             return ",".join(str(d) for _, d in g.layout("pp").partition_key(0))
 
-        raise ParallelConfigError(
+        raise MegatronConfigError(
             "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
             f"with order {order!r} the dense pp groups step by {step(decoder)} ranks and the expert ones "
             f"by {step(expert)}; put pp last in the order",
@@ -770,14 +799,14 @@ def model_parallel_layout(
             order,
         )
     if (dp * cp) % n_do:
-        raise ParallelConfigError(
+        raise MegatronConfigError(
             f"data parallel size with cp ({dp}*{cp}) should be divisible by the partial DistOpt shard "
             f"factor num_distributed_optimizer_instances ({n_do})",
             "num_distributed_optimizer_instances",
             str(n_do),
         )
     if edp % n_do:
-        raise ParallelConfigError(
+        raise MegatronConfigError(
             f"expert data parallel size ({edp}) should be divisible by the partial DistOpt shard "
             f"factor num_distributed_optimizer_instances ({n_do})",
             "num_distributed_optimizer_instances",
@@ -786,7 +815,7 @@ def model_parallel_layout(
     if hierarchical_context_parallel_sizes:
         hs = [_positive(s, "hierarchical_context_parallel_sizes") for s in hierarchical_context_parallel_sizes]
         if int(np.prod(hs)) != cp:
-            raise ParallelConfigError(
+            raise MegatronConfigError(
                 f"hierarchical_context_parallel_sizes {hs} multiply to {int(np.prod(hs))}, not cp ({cp})",
                 "hierarchical_context_parallel_sizes",
                 str(hs),

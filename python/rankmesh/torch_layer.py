@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh._groups import DEFAULT, FAKE, group_key
+from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError, DistributedStateError
 
@@ -52,13 +52,16 @@ logger = logging.getLogger("rankmesh")
 
 @dataclass(frozen=True)
 class BuildReport:
-    """What a :class:`MeshBuilder` did on this rank (the same numbers on every rank).
+    """What a :class:`MeshBuilder` did on this rank (the same numbers on every rank, except
+    where :meth:`MeshBuilder.subset_group` leaves a rank out of every group).
 
     Attributes:
         backend: the default group's backend (what real groups use), e.g. ``"nccl"``.
         method: how real subgroups are made: ``"split_group"`` or ``"new_group"``.
         real: process groups created on the default backend.
-        fake: process groups created on the ``fake`` backend.
+        fake: process groups created on the ``fake`` backend: size-1 and overridden dims, and
+            the one-rank placeholders a rank outside every group of a
+            :meth:`MeshBuilder.subset_group` registers to keep torch's group names in step.
         reused_default: dims served by the default (world) group, nothing created.
         shared: dims served by a group created earlier for the same partition.
         dims: dims served in all (``real + fake + reused_default + shared``).
@@ -171,7 +174,7 @@ class MeshBuilder:
         self._split = getattr(self._default, "bound_device_id", None) is not None
         self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
         self._keepalive: list[Any] = []
-        self._groups: dict[tuple[Any, ...], dist.ProcessGroup] = {}  # by rankmesh._groups.group_key
+        self._groups: dict[tuple[Any, ...], dist.ProcessGroup | None] = {}  # by rankmesh._groups.group_key
         self._mesh_world: Any = None  # rankmesh.mesh's state shared by this builder's meshes
         self._known: set[MeshLayout] = set()
         self._counters = _Counters()
@@ -207,6 +210,9 @@ class MeshBuilder:
         fake: bool = False,
         backend: str | None = None,
         pg_options: Any = None,
+        timeout: datetime.timedelta | None = None,
+        group_desc: str | None = None,
+        tag: str | None = None,
     ) -> dist.ProcessGroup:
         """This rank's process group in ``dim`` of ``layout``.
 
@@ -214,7 +220,9 @@ class MeshBuilder:
         a group on the ``fake`` backend, which never communicates. ``backend`` / ``pg_options`` override the backend as torch's
         ``backend_override`` does. A world-sized dim without an override gives the default group.
         Otherwise the group is created once per distinct partition of the world (keyed on the
-        dim's modes, backend and options) and shared by every later dim with the same key.
+        dim's modes, backend, options, ``timeout`` and ``tag``) and shared by every later dim with
+        the same key. A ``tag`` asks for a communicator of its own even when another dim has the
+        same partition; ``group_desc`` names a new group (default ``mesh_<dim name>``).
         """
         self._check_layout(layout)
         size = int(layout.size(dim))
@@ -229,52 +237,74 @@ class MeshBuilder:
             backend=backend,
             options_id=None if pg_options is None else id(pg_options),
             size_one_fake=self._size_one_fake,
+            timeout=timeout,
+            tag=tag,
         )
         if key[1:2] == (FAKE,):
-            backend, pg_options = FAKE, None
+            backend, pg_options, timeout = FAKE, None, None
         if key == DEFAULT:
             if not self._gloo_with_cuda:
                 c.reused_default += 1
                 return self._default
             # torch's special case: CUDA present and a gloo default group -> one W-rank group.
-        pg = self._groups.get(key)
-        if pg is not None:
+        if key in self._groups:
             c.shared += 1
-            return pg
+            return self._groups[key]
         ranks = np.sort(layout.group(self._rank, dim)).tolist()
-        desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
-        timeout = getattr(pg_options, "_timeout", None)
-        extra: dict[str, Any] = {}
-        if timeout is not None:
-            extra["timeout"] = timeout
-        if pg_options is not None:
-            extra["pg_options"] = pg_options
-        if backend == FAKE:
-            self._ensure_fake_backend()
-            pg = dist.new_group(ranks, backend=FAKE, use_local_synchronization=True, group_desc=desc, **extra)
-            c.fake += 1
-            label = FAKE
-        elif self._split and (backend is None or backend == self._backend):
-            with _narrowed_parent_ranks(self._default, ranks, self._world_size):
-                pg = dist.split_group(parent_pg=self._default, split_ranks=[ranks], group_desc=desc, **extra)
-            c.real += 1
-            label = self._backend
-        else:
-            pg = dist.new_group(ranks, backend=backend, use_local_synchronization=True, group_desc=desc, **extra)
-            c.real += 1
-            label = backend or self._backend
-        if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:  # pragma: no cover - torch bug
-            raise DistributedStateError(
-                f"torch returned no process group for rank {self._rank} in dim {name!r} "
-                f"(ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''})",
-                "dim",
-                str(name),
-            )
-        self._groups[key] = pg
-        if pg_options is not None:
-            self._keepalive.append(pg_options)  # id() in the key must stay unique
-        c.groups.append((str(name), label, size))
+        if group_desc is None:
+            group_desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
+        pg = self._create(key, ranks, str(name), backend, pg_options, timeout, group_desc)
+        assert pg is not None
         return pg
+
+    def subset_group(
+        self,
+        partition: Any,
+        members: Sequence[int] | None,
+        *,
+        name: str,
+        backend: str | None = None,
+        pg_options: Any = None,
+        timeout: datetime.timedelta | None = None,
+        group_desc: str | None = None,
+        tag: str | None = None,
+    ) -> dist.ProcessGroup | None:
+        """This rank's group in a partition that no layout of the world describes: disjoint
+        groups that may leave some ranks out (Megatron's embedding groups) or that are not
+        strided (a hand-made split).
+
+        ``partition`` is any hashable that names the partition the same way on every rank;
+        ``members`` is the caller's group (global ranks, including the caller) or ``None`` when
+        the caller is in none of its groups. Every rank must make the same calls in the same
+        order, members or not: on the ``split_group`` path non-members take part in the split (as
+        NCCL requires) and get ``None``; on the ``new_group`` path only members create the group.
+        A second call with the same partition and key arguments returns the first group. A group
+        of the whole world without overrides or tag is the default group; a one-rank group is a
+        real group on its backend (never ``fake``: on the split path every rank must split).
+        """
+        c = self._counters
+        c.dims += 1
+        key = extend_key(
+            (("subset", partition), backend, None if pg_options is None else id(pg_options)), timeout, tag
+        )
+        ranks: list[int] | None = None
+        if members is not None:
+            ranks = sorted(int(r) for r in members)
+            if self._rank not in ranks or len(set(ranks)) != len(ranks) or not 0 <= ranks[0] <= ranks[-1] < self._world_size:
+                raise DistributedStateError(
+                    f"members of {name!r} must be distinct ranks of the world that include this rank "
+                    f"({self._rank}); got {ranks[:8]}{'...' if len(ranks) > 8 else ''}",
+                    "members",
+                    str(ranks[:8]),
+                )
+            if len(ranks) == self._world_size and backend is None and pg_options is None and tag is None:
+                if not self._gloo_with_cuda:
+                    c.reused_default += 1
+                    return self._default
+        if key in self._groups:
+            c.shared += 1
+            return self._groups[key]
+        return self._create(key, ranks, name, backend, pg_options, timeout, group_desc or f"mesh_{name}")
 
     def device_mesh(
         self,
@@ -336,6 +366,75 @@ class MeshBuilder:
         )
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _create(
+        self,
+        key: tuple[Any, ...],
+        ranks: list[int] | None,
+        name: str,
+        backend: str | None,
+        pg_options: Any,
+        timeout: datetime.timedelta | None,
+        desc: str,
+    ) -> dist.ProcessGroup | None:
+        """Creates (and records under ``key``) the group of ``ranks``; ``None`` means this rank
+        is in none of the partition's groups, which only the split path has to take part in."""
+        c = self._counters
+        if timeout is None:
+            timeout = getattr(pg_options, "_timeout", None)
+        extra: dict[str, Any] = {}
+        if timeout is not None:
+            extra["timeout"] = timeout
+        if pg_options is not None:
+            extra["pg_options"] = pg_options
+        split = self._split and backend != FAKE and (backend is None or backend == self._backend)
+        if ranks is None:
+            # This rank is in none of the partition's groups. torch names hashed groups with a
+            # per-rank counter (2.15: every group name drawn; 2.13: groups registered), so it
+            # must take the same steps as the members or every later group gets a different
+            # name here than on them (a rendezvous that never meets). On the split path it takes
+            # part in the split (NOCOLOR: NCCL needs every rank of the parent); where that draws
+            # no name, and on the new_group path, it registers a one-rank ``fake`` placeholder.
+            count = dist.distributed_c10d._world.group_count
+            placeholder = True
+            if split:
+                other = (self._rank + 1) % self._world_size
+                with _narrowed_parent_ranks(self._default, [self._rank, other], self._world_size):
+                    dist.split_group(parent_pg=self._default, split_ranks=[[other]], group_desc=desc, **extra)
+                placeholder = dist.distributed_c10d._world.group_count == count
+            if placeholder:
+                self._ensure_fake_backend()
+                dist.new_group([self._rank], backend=FAKE, use_local_synchronization=True, group_desc=f"{desc}_placeholder")
+                c.fake += 1
+                c.groups.append((str(name), "placeholder", 1))
+            self._groups[key] = None
+            return None
+        if backend == FAKE:
+            self._ensure_fake_backend()
+            pg = dist.new_group(ranks, backend=FAKE, use_local_synchronization=True, group_desc=desc, **extra)
+            c.fake += 1
+            label = FAKE
+        elif split:
+            with _narrowed_parent_ranks(self._default, ranks, self._world_size):
+                pg = dist.split_group(parent_pg=self._default, split_ranks=[ranks], group_desc=desc, **extra)
+            c.real += 1
+            label = self._backend
+        else:
+            pg = dist.new_group(ranks, backend=backend, use_local_synchronization=True, group_desc=desc, **extra)
+            c.real += 1
+            label = backend or self._backend
+        if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:  # pragma: no cover - torch bug
+            raise DistributedStateError(
+                f"torch returned no process group for rank {self._rank} in {name!r} "
+                f"(ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''})",
+                "dim",
+                str(name),
+            )
+        self._groups[key] = pg
+        if pg_options is not None:
+            self._keepalive.append(pg_options)  # id() in the key must stay unique
+        c.groups.append((str(name), str(label), len(ranks)))
+        return pg
 
     def _check_layout(self, layout: MeshLayout) -> None:
         if layout in self._known:

@@ -1,0 +1,507 @@
+"""megatron-core's ``parallel_state.initialize_model_parallel``, in O(group size) per rank.
+
+Exposed as :func:`rankmesh.megatron.initialize_model_parallel` (see there). megatron-core's own
+function enumerates every group of the job on every rank and calls ``new_group`` for each
+(281,138 calls per rank at 131,072 ranks); this one asks :class:`~rankmesh.ModelParallelLayout`
+for the caller's groups only and creates them through one :class:`~rankmesh.MeshBuilder`: one
+process group per distinct (partition, backend, options, timeout), ``split_group`` when the
+default group is bound to a device, member-only ``new_group`` otherwise. The groups are then
+installed in ``megatron.core.parallel_state`` where megatron-core's function puts them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from rankmesh._native import MeshLayout
+from rankmesh.errors import MegatronConfigError, MegatronStateError, UnsupportedVersionError
+
+__all__ = [
+    "SUPPORTED_MEGATRON_CORE",
+    "initialize_model_parallel",
+    "destroy_model_parallel",
+    "last_build_report",
+    "megatron_core_version",
+    "parallel_state",
+]
+
+#: The megatron-core versions :func:`initialize_model_parallel` is proved against (its
+#: ``parallel_state`` globals and the groups behind them change between minor releases).
+SUPPORTED_MEGATRON_CORE = (">=0.16", "<0.17")
+
+# The parallel_state globals megatron-core asserts are None before it builds anything.
+_MUST_BE_UNSET = (
+    "_DATA_PARALLEL_GROUP",
+    "_CONTEXT_PARALLEL_GROUP",
+    "_MODEL_PARALLEL_GROUP",
+    "_TENSOR_MODEL_PARALLEL_GROUP",
+    "_PIPELINE_MODEL_PARALLEL_GROUP",
+    "_EMBEDDING_GROUP",
+    "_POSITION_EMBEDDING_GROUP",
+    "_TENSOR_AND_DATA_PARALLEL_GROUP",
+    "_TENSOR_AND_CONTEXT_PARALLEL_GROUP",
+    "_EXPERT_MODEL_PARALLEL_GROUP",
+    "_EXPERT_TENSOR_PARALLEL_GROUP",
+    "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
+    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
+    "_EXPERT_DATA_PARALLEL_GROUP",
+    "_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+    "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+    "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+)
+
+# What the UCC pipeline backend needs in the environment (kept when already set), as
+# megatron-core 0.16 sets it up.
+_UCC_ENV_DEFAULTS = {
+    "TORCH_UCC_BLOCKING_WAIT": "none",
+    "UCC_EC_CUDA_STREAM_TASK_MODE": "driver",
+    "UCX_TLS": "ib,cuda_copy",
+}
+_UCC_ENV_FORCED = {
+    "NSYS_UCP_COMM_PARAMS": "1",
+    "UCX_RNDV_THRESH": "0",
+    "UCX_NET_DEVICES": "all",
+    "UCC_CL_BASIC_TLS": "^sharp,nccl",
+}
+
+_last_builder: Any = None
+
+
+def megatron_core_version() -> str | None:
+    """The installed megatron-core version (``megatron.core.package_info``), or None."""
+    try:
+        from megatron.core import package_info
+    except ImportError:
+        return None
+    return str(package_info.__version__)
+
+
+def parallel_state():
+    """``megatron.core.parallel_state``, after checking the installed version is supported.
+
+    Raises ``ImportError`` when megatron-core is not installed and
+    :class:`~rankmesh.UnsupportedVersionError` for a version outside
+    :data:`SUPPORTED_MEGATRON_CORE`.
+    """
+    version = megatron_core_version()
+    if version is None:
+        raise ImportError(
+            "rankmesh.megatron.initialize_model_parallel fills megatron-core's parallel_state; "
+            f"install megatron-core{','.join(SUPPORTED_MEGATRON_CORE)}"
+        )
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    spec = SpecifierSet(",".join(SUPPORTED_MEGATRON_CORE))
+    try:
+        ok = Version(version) in spec
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise UnsupportedVersionError(
+            f"megatron-core {version} is installed, but rankmesh.megatron.initialize_model_parallel "
+            f"supports megatron-core {spec} only (it writes parallel_state's globals, which change "
+            "between releases); install a supported megatron-core or call megatron's own "
+            "parallel_state.initialize_model_parallel",
+            "megatron-core",
+            version,
+        )
+    import warnings
+
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" on CPU
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+    return ps
+
+
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    virtual_pipeline_model_parallel_size: int | None = None,
+    pipeline_model_parallel_comm_backend: str | None = None,
+    use_sharp: bool = False,
+    context_parallel_size: int = 1,
+    hierarchical_context_parallel_sizes: list[int] | None = None,
+    hybrid_context_parallel: bool = False,
+    expert_model_parallel_size: int = 1,
+    num_distributed_optimizer_instances: int = 1,
+    expert_tensor_parallel_size: int | None = None,
+    nccl_communicator_config_path: str | None = None,
+    distributed_timeout_minutes: int = 30,
+    order: str = "tp-cp-ep-dp-pp",
+    get_embedding_ranks: Callable[..., list[int]] | None = None,
+    get_position_embedding_ranks: Callable[..., list[int]] | None = None,
+    create_gloo_process_groups: bool = True,
+    high_priority_stream_groups: list[str] | None = None,
+    sharp_enabled_group: str | None = None,
+    create_all_gather_group: bool | None = False,
+):
+    """megatron-core 0.16's ``parallel_state.initialize_model_parallel`` (same arguments, same
+    checks, same state afterwards), creating only the caller's groups, in O(group size).
+
+    Call it on every rank after ``torch.distributed.init_process_group``, exactly where
+    megatron-core's own function would be called. Afterwards every ``parallel_state.get_*``
+    accessor, ``model_parallel_is_initialized()`` and ``destroy_model_parallel()`` behave as after
+    megatron-core's call: the group globals, their global-rank lists, the embedding, expert,
+    partial-DistOpt, hierarchical-cp and hybrid-cp groups and the gloo twins
+    (``create_gloo_process_groups``) are where megatron-core puts them, with the same members.
+
+    What differs is how the groups are made:
+
+    - only the caller's group of each kind is created (megatron-core calls ``new_group`` for
+      every group of the job on every rank: 281,138 calls per rank at 131,072 ranks);
+    - with ``split_group`` when the default group is bound to a device (NCCL eager init), else
+      with member-only ``new_group`` (gloo twins: always member-only ``new_group``);
+    - one process group per distinct (set of groups, backend, NCCL options, timeout): e.g. ``tp``
+      and the expert ``tp`` are one communicator when their degrees match, and the default group
+      serves every group that spans the world. ``create_all_gather_group`` still gets its own
+      communicator (that is its point), and one-rank groups are real one-rank groups, as in
+      megatron-core.
+
+    Returns the :class:`~rankmesh.BuildReport` of the groups created (megatron-core returns
+    None). Errors, raised before any group exists: :class:`~rankmesh.UnsupportedVersionError`
+    (megatron-core outside :data:`SUPPORTED_MEGATRON_CORE`), :class:`~rankmesh.MegatronStateError`
+    (torch.distributed not initialised, model parallelism already initialised; also an
+    ``AssertionError``), :class:`~rankmesh.ParallelConfigError` (a ``RuntimeError``, where
+    megatron-core raises one) and :class:`~rankmesh.MegatronConfigError` (also an
+    ``AssertionError``, where megatron-core asserts).
+
+    Example (on every rank of a job, e.g. under torchrun)::
+
+        >>> import torch.distributed as dist  # doctest: +SKIP
+        >>> from megatron.core import parallel_state as ps  # doctest: +SKIP
+        >>> import rankmesh.megatron  # doctest: +SKIP
+        >>> dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))  # doctest: +SKIP
+        >>> rankmesh.megatron.initialize_model_parallel(tensor_model_parallel_size=8,
+        ...     pipeline_model_parallel_size=4, expert_model_parallel_size=8)  # doctest: +SKIP
+        >>> ps.get_tensor_model_parallel_world_size()  # doctest: +SKIP
+        8
+    """
+    import torch
+    import torch.distributed as dist
+
+    from rankmesh.megatron import (
+        default_embedding_ranks,
+        default_position_embedding_ranks,
+        model_parallel_layout,
+    )
+    from rankmesh.torch_layer import MeshBuilder
+
+    ps = parallel_state()
+    # SHARP may only be enabled for the first communicator created with NCCL_COLLNET_ENABLE=1.
+    os.environ.pop("NCCL_COLLNET_ENABLE", None)
+
+    # -- everything megatron-core checks, before any group exists ------------------------------
+    if use_sharp:
+        if sharp_enabled_group is None:
+            sharp_enabled_group = "dp"
+        elif sharp_enabled_group not in ("dp", "dp_replica"):
+            raise MegatronConfigError(
+                f"sharp_enabled_group must be 'dp' or 'dp_replica', got {sharp_enabled_group!r}",
+                "sharp_enabled_group",
+                str(sharp_enabled_group),
+            )
+        elif sharp_enabled_group == "dp_replica" and not num_distributed_optimizer_instances > 1:
+            raise MegatronConfigError(
+                "sharp_enabled_group='dp_replica' needs num_distributed_optimizer_instances > 1, got "
+                f"{num_distributed_optimizer_instances}",
+                "num_distributed_optimizer_instances",
+                str(num_distributed_optimizer_instances),
+            )
+    elif sharp_enabled_group is not None:
+        raise MegatronConfigError(
+            f"sharp_enabled_group={sharp_enabled_group!r} is only valid with use_sharp=True",
+            "sharp_enabled_group",
+            str(sharp_enabled_group),
+        )
+    if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
+        raise MegatronConfigError(
+            f"pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', got "
+            f"{pipeline_model_parallel_comm_backend!r}",
+            "pipeline_model_parallel_comm_backend",
+            str(pipeline_model_parallel_comm_backend),
+        )
+    if not (dist.is_available() and dist.is_initialized()):
+        raise MegatronStateError(
+            "torch.distributed is not initialised; call torch.distributed.init_process_group(...) "
+            "before initialize_model_parallel",
+            "default_group",
+            "None",
+        )
+    for name in _MUST_BE_UNSET:
+        if getattr(ps, name, None) is not None:
+            raise MegatronStateError(
+                f"model parallelism is already initialised (parallel_state.{name} is set); call "
+                "destroy_model_parallel() first",
+                name,
+                "set",
+            )
+    world_size = dist.get_world_size()
+    rank = dist.get_rank()
+    m = model_parallel_layout(
+        world_size,
+        tensor_model_parallel_size,
+        pipeline_model_parallel_size,
+        context_parallel_size,
+        expert_model_parallel_size,
+        expert_tensor_parallel_size,
+        order,
+        num_distributed_optimizer_instances,
+        hierarchical_context_parallel_sizes,
+        virtual_pipeline_model_parallel_size,
+        get_embedding_ranks,
+        get_position_embedding_ranks,
+    )
+    dp_cp_size = m.dp * m.cp
+    if hybrid_context_parallel and dp_cp_size % 2:
+        raise MegatronConfigError(
+            f"hybrid context parallel requires an even number of dp*cp ranks, got {m.dp}*{m.cp} = {dp_cp_size}",
+            "hybrid_context_parallel",
+            str(dp_cp_size),
+        )
+    n_do = m.num_distributed_optimizer_instances
+
+    nccl_comm_cfgs: dict[str, Any] = {}
+    if nccl_communicator_config_path is not None:
+        try:
+            import yaml
+        except ImportError:
+            raise RuntimeError(
+                "Cannot import `yaml`. Setting custom nccl communicator configs requires the yaml package."
+            ) from None
+        with open(nccl_communicator_config_path) as stream:
+            nccl_comm_cfgs = yaml.safe_load(stream) or {}
+    for pg_name in high_priority_stream_groups or []:
+        ps.overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
+
+    def options(cfg_name: str) -> Any:
+        return ps.get_nccl_options(cfg_name, nccl_comm_cfgs)
+
+    timeout = datetime.timedelta(minutes=distributed_timeout_minutes)
+    builder = MeshBuilder(MeshLayout.world(world_size), size_one_fake=False)
+    default_embd = get_embedding_ranks is None or get_embedding_ranks is default_embedding_ranks
+    default_pos = get_position_embedding_ranks is None or get_position_embedding_ranks is default_position_embedding_ranks
+
+    def layout_of(name: str) -> MeshLayout | None:
+        lay = m.layout(name)
+        if lay is None and (
+            (name == "embd" and default_embd and m.pp <= 2) or (name == "pos_embd" and default_pos and m.pp == 1)
+        ):
+            lay = m.layout("pp")  # every rank's embedding group is its pipeline group
+        return lay
+
+    def make(
+        name: str,
+        desc: str,
+        *,
+        backend: str | None = None,
+        pg_options: Any = None,
+        with_timeout: bool = True,
+        tag: str | None = None,
+    ):
+        """``rank``'s group ``name`` (None for embedding groups it is not in)."""
+        kw = dict(
+            backend=backend, pg_options=pg_options, timeout=timeout if with_timeout else None, group_desc=desc, tag=tag
+        )
+        lay = layout_of(name)
+        if lay is not None:
+            return builder.process_group(lay, 0, **kw)
+        members = m.group(name, rank)
+        return builder.subset_group(name, None if members is None else members.tolist(), name=name, **kw)
+
+    def ranks(name: str) -> list[int] | None:
+        g = m.group(name, rank)
+        return None if g is None else g.tolist()
+
+    for name in ("embd", "pos_embd"):
+        fn = m.get_embedding_ranks if name == "embd" else m.get_position_embedding_ranks
+        pp_ranks = m.decoder.my_group("pp", rank).tolist()
+        got = [int(r) for r in fn(pp_ranks)]
+        if not set(got) <= set(pp_ranks) or len(set(got)) != len(got) or not got:
+            raise MegatronConfigError(
+                f"get_{'' if name == 'embd' else 'position_'}embedding_ranks({pp_ranks[:8]}) returned "
+                f"{got[:8]}: it must return distinct ranks of the pipeline group it is given",
+                "get_embedding_ranks" if name == "embd" else "get_position_embedding_ranks",
+                str(got[:8]),
+            )
+
+    new: dict[str, Any] = {}
+    gloo = create_gloo_process_groups
+
+    # dp-cp first: with SHARP, only the first communicator created may use it.
+    if sharp_enabled_group == "dp":
+        os.environ["NCCL_COLLNET_ENABLE"] = "1"
+    new["_DATA_PARALLEL_GROUP_WITH_CP"] = make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP", pg_options=options("dp_cp"))
+    new["_DATA_PARALLEL_GROUP_WITH_CP_AG"] = (
+        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG", pg_options=options("dp_cp"), tag="all_gather")
+        if create_all_gather_group
+        else None
+    )
+    new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
+        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo") if gloo else None
+    )
+    new["_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP"] = ranks("dp_cp")
+    if n_do > 1:
+        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = make(
+            "intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", pg_options=options("intra_dp_cp")
+        )
+        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
+            make("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo") if gloo else None
+        )
+    else:
+        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = new["_DATA_PARALLEL_GROUP_WITH_CP"]
+        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"]
+    if sharp_enabled_group == "dp":
+        # NCCL creates communicators lazily: one collective makes the SHARP-enabled one now.
+        dist.barrier(group=new["_DATA_PARALLEL_GROUP_WITH_CP"], device_ids=[torch.cuda.current_device()])
+        torch.cuda.synchronize()
+        os.environ.pop("NCCL_COLLNET_ENABLE", None)
+
+    hybrid: dict[int, Any] = {}
+    if hybrid_context_parallel:
+        dp_cp = ranks("dp_cp")
+        pos = dp_cp.index(rank)
+        for size in [2**i for i in range(int(math.log2(len(dp_cp))))][1:]:
+            start = (pos // size) * size
+            hybrid[size] = builder.subset_group(
+                ("hybrid_dp_cp", size),
+                dp_cp[start : start + size],
+                name=f"hybrid_dp_cp_{size}",
+                pg_options=options("dp_cp"),
+                group_desc=f"HYBRID_DP_CP_GROUP_{size}",
+            )
+
+    new["_DATA_PARALLEL_GROUP"] = make("dp", "DATA_PARALLEL_GROUP", pg_options=options("dp"))
+    new["_DATA_PARALLEL_GROUP_GLOO"] = make("dp", "DATA_PARALLEL_GROUP_GLOO", backend="gloo") if gloo else None
+    new["_DATA_PARALLEL_GLOBAL_RANKS"] = ranks("dp")
+
+    new["_CONTEXT_PARALLEL_GROUP"] = make("cp", "CONTEXT_PARALLEL_GROUP", pg_options=options("cp"))
+    new["_CONTEXT_PARALLEL_GLOBAL_RANKS"] = ranks("cp")
+    if m.hierarchical_context_parallel_sizes:
+        new["_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS"] = [
+            make(f"hcp_l{i}", f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{i}", pg_options=options("hcp"))
+            for i in range(len(m.hierarchical_context_parallel_sizes))
+        ]
+
+    new["_MODEL_PARALLEL_GROUP"] = make("mp", "MODEL_PARALLEL_GROUP", pg_options=options("mp"))
+    new["_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("mp")
+    new["_TENSOR_MODEL_PARALLEL_GROUP"] = make("tp", "TENSOR_MODEL_PARALLEL_GROUP", pg_options=options("tp"))
+    new["_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("tp")
+
+    pp_backend = pipeline_model_parallel_comm_backend
+    if pp_backend == "ucc":
+        if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+            raise MegatronConfigError(
+                "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
+                "communication is serialised",
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+                "1",
+            )
+        for key, value in _UCC_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        os.environ.update(_UCC_ENV_FORCED)
+    new["_PIPELINE_MODEL_PARALLEL_GROUP"] = make(
+        "pp",
+        "PIPELINE_MODEL_PARALLEL_GROUP",
+        backend=pp_backend,
+        pg_options=None if pp_backend == "ucc" else options("pp"),
+    )
+    new["_PIPELINE_GLOBAL_RANKS"] = ranks("pp")
+    new["_EMBEDDING_GROUP"] = make("embd", "EMBEDDING_GROUP", pg_options=options("embd"))
+    new["_EMBEDDING_GLOBAL_RANKS"] = ranks("embd")
+    new["_POSITION_EMBEDDING_GROUP"] = make("pos_embd", "POSITION_EMBEDDING_GROUP", pg_options=options("pos_embd"))
+    new["_POSITION_EMBEDDING_GLOBAL_RANKS"] = ranks("pos_embd")
+
+    new["_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"] = make(
+        "tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", pg_options=options("tp_dp_cp")
+    )
+    new["_TENSOR_AND_DATA_PARALLEL_GROUP"] = make(
+        "tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP", pg_options=options("tp_dp")
+    )
+    new["_TENSOR_AND_CONTEXT_PARALLEL_GROUP"] = make(
+        "tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP", pg_options=options("tp_cp")
+    )
+
+    # -- expert groups -----------------------------------------------------------------------------
+    new["_EXPERT_MODEL_PARALLEL_GROUP"] = make("ep", "EXPERT_MODEL_PARALLEL_GROUP", pg_options=options("ep"))
+    new["_EXPERT_MODEL_PARALLEL_RANKS"] = ranks("ep")
+    new["_EXPERT_TENSOR_PARALLEL_GROUP"] = make(
+        "ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP", pg_options=options("ep_tp")
+    )
+    new["_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"] = make(
+        "tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", pg_options=options("tp_ep_mp")
+    )
+    new["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"] = make(
+        "tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", pg_options=options("tp_ep_pp")
+    )
+    new["_EXPERT_DATA_PARALLEL_GROUP"] = make("ep_dp", "EXPERT_DATA_PARALLEL_GROUP", pg_options=options("ep_dp"))
+    # megatron-core gives this gloo group no timeout (the backend's default).
+    new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = (
+        make("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", backend="gloo", with_timeout=False) if gloo else None
+    )
+    if n_do > 1:
+        if sharp_enabled_group == "dp_replica":
+            os.environ["NCCL_COLLNET_ENABLE"] = "1"
+        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make(
+            "intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0", pg_options=options("intra_ep_dp")
+        )
+        # megatron-core also creates a level-1 gloo group but keeps no reference to it: not made here.
+        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = (
+            make("intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L0", backend="gloo") if gloo else None
+        )
+        new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make(
+            "inter_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1", pg_options=options("inter_ep_dp")
+        )
+        if sharp_enabled_group == "dp_replica":
+            dist.barrier(group=new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"], device_ids=[torch.cuda.current_device()])
+            torch.cuda.synchronize()
+            os.environ.pop("NCCL_COLLNET_ENABLE", None)
+    else:
+        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = new["_EXPERT_DATA_PARALLEL_GROUP"]
+        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"]
+    new["_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] = make(
+        "intra_dist_opt_instance",
+        "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+        pg_options=options("intra_dist_opt_instance"),
+    )
+
+    # -- install, all at once ----------------------------------------------------------------------
+    if virtual_pipeline_model_parallel_size is not None:
+        new["_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK"] = 0
+        new["_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE"] = virtual_pipeline_model_parallel_size
+    for name, value in new.items():
+        setattr(ps, name, value)
+    ps._HYBRID_DP_CP_GROUPS.update(hybrid)
+    # update_pg_timeout() walks this list (None stands for the default group).
+    seen: set[int] = set()
+    groups: list[Any] = [None]
+    for value in [*new.values(), *new.get("_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS", []), *hybrid.values()]:
+        if isinstance(value, dist.ProcessGroup) and value is not dist.group.WORLD and id(value) not in seen:
+            seen.add(id(value))
+            groups.append(value)
+    ps._global_process_group_list = groups
+    ps._set_global_memory_buffer()
+
+    global _last_builder
+    _last_builder = builder
+    return builder.report()
+
+
+def destroy_model_parallel() -> None:
+    """megatron-core's ``parallel_state.destroy_model_parallel()`` (it resets the globals and
+    destroys the gloo groups), and rankmesh forgets the groups of the last initialisation."""
+    global _last_builder
+    parallel_state().destroy_model_parallel()
+    _last_builder = None
+
+
+def last_build_report():
+    """The :class:`~rankmesh.BuildReport` of the last :func:`initialize_model_parallel` on this
+    rank (process groups created, by backend), or None."""
+    return None if _last_builder is None else _last_builder.report()
