@@ -18,6 +18,9 @@ process per measurement standing in for one rank:
   ``ParallelDims(...).build_mesh()`` with its default ``spmd_backend``, then every 1-D mesh,
   ``spmd_meshes()`` and the FSDP meshes (dense and MoE); torch = stock, rankmesh = the same
   code under :func:`rankmesh.torchtitan.accelerate` (no ``etp`` in 0.3.0).
+- ``megatron``: megatron-core 0.16's ``parallel_state.initialize_model_parallel`` (tp=8 pp=4 cp=2
+  ep=8 etp=1, dp = world/64, no gloo twins on either side: gloo cannot run on the fake store) vs
+  :func:`rankmesh.megatron.initialize_model_parallel`; "meshes" counts the group globals set.
 
 Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL, gloo) and
 ``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
@@ -52,7 +55,17 @@ from typing import Any, Callable
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
 IMPLS = ("rankmesh", "torch")
-RECIPES = ("parallel_dims", "titan030", "torchtitan")
+RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron")
+#: megatron-core's initialize_model_parallel with the same degrees (gloo twins off on both sides:
+#: a gloo group cannot be made on the fake backend's store).
+MEGATRON = dict(
+    tensor_model_parallel_size=8,
+    pipeline_model_parallel_size=4,
+    context_parallel_size=2,
+    expert_model_parallel_size=8,
+    expert_tensor_parallel_size=1,
+    create_gloo_process_groups=False,
+)
 PATHS = ("new_group", "split_group")
 
 
@@ -154,8 +167,24 @@ def _build_torchtitan(impl: str, world: int) -> int:
     return sum(m is not None for m in meshes)
 
 
+def _build_megatron(impl: str, world: int) -> int:
+    """megatron-core's initialize_model_parallel, stock or rankmesh's; returns the groups set."""
+    from megatron.core import parallel_state as ps
+
+    import rankmesh.megatron as rm
+
+    if ps.model_parallel_is_initialized():  # the warm-up's
+        ps.destroy_model_parallel()
+    (rm.initialize_model_parallel if impl == "rankmesh" else ps.initialize_model_parallel)(**MEGATRON)
+    import torch.distributed as dist
+
+    return sum(isinstance(v, dist.ProcessGroup) for v in vars(ps).values())
+
+
 def _build(impl: str, recipe: str, world: int) -> int:
     """Builds the recipe; returns the number of meshes fetched."""
+    if recipe == "megatron":
+        return _build_megatron(impl, world)
     if recipe == "torchtitan":
         return _build_torchtitan(impl, world)
     if recipe == "titan030":
@@ -194,6 +223,11 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
 
     if recipe == "torchtitan":
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
+    if recipe == "megatron":
+        import warnings
+
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
+        import megatron.core.parallel_state  # noqa: F401
 
     dist.init_process_group("fake", rank=0, world_size=256, store=FakeStore())
     with _bound_device(path, impl):
@@ -326,7 +360,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"parallel_dims": "o", "titan030": "s", "torchtitan": "^"}
+    styles = {"parallel_dims": "o", "titan030": "s", "torchtitan": "^", "megatron": "D"}
     colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
               ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}  # fmt: skip
     for recipe in RECIPES:
@@ -336,7 +370,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                 if not pts:
                     continue
                 label = f"{'stock torch' if impl == 'torch' else 'rankmesh'}: {recipe}, {p}"
-                kw = dict(marker=styles[recipe], color=colors[(impl, p)], label=label, ls={"titan030": "-", "torchtitan": ":"}.get(recipe, "--"))
+                kw = dict(marker=styles[recipe], color=colors[(impl, p)], label=label, ls={"titan030": "-", "torchtitan": ":", "megatron": "-."}.get(recipe, "--"))
                 ax.plot([w for w, _ in pts], [v["median_s"] * 1e3 for _, v in pts], **kw)
                 ax2.plot([w for w, _ in pts], [v["extra_rss_mb"] for _, v in pts], **kw)
     for a in (ax, ax2):
@@ -389,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--recipe torchtitan needs torchtitan 0.3.0 installed (pip install torchtitan==0.3.0)")
         recipes.remove("torchtitan")
         print("torchtitan is not installed: skipping the torchtitan recipe", file=sys.stderr)
+    if "megatron" in recipes and importlib.util.find_spec("megatron") is None:
+        if args.recipe:
+            p.error("--recipe megatron needs megatron-core 0.16 installed (pip install 'megatron-core>=0.16,<0.17')")
+        recipes.remove("megatron")
+        print("megatron-core is not installed: skipping the megatron recipe", file=sys.stderr)
     samples = []
     for recipe in recipes:
         for path in paths:
