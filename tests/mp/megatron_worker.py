@@ -1,9 +1,9 @@
 """One rank of the megatron-core multi-process test (torchrun, 8 ranks, gloo on CPU; see
 tests/test_megatron_mp.py).
 
-For each configuration every rank runs megatron-core's own ``initialize_model_parallel`` (real gloo
-groups), snapshots ``parallel_state`` (tests/mp/megatron_snapshot.py), destroys it, then runs
-rankmesh's and snapshots again. Checks, one JSON line each (``<out>/rank<r>.jsonl``):
+For each configuration every rank runs rankmesh's ``initialize_model_parallel`` (real gloo groups)
+and snapshots ``parallel_state`` (tests/mp/megatron_snapshot.py); after all of them (and the grid)
+it runs megatron-core's own for each and snapshots again. Checks, one JSON line each (``<out>/rank<r>.jsonl``):
 
 - ``state_<cfg>``: the two snapshots are equal (every global and accessor, ranks and backends);
 - ``reduce_<cfg>``: all_reduce(rank + 1) over every distinct process group rankmesh installed
@@ -80,27 +80,21 @@ def main() -> None:
 
     import rankmesh.megatron as rm
 
+    def one(fn, kw):
+        before = len(c10d._world.pg_map)
+        fn(**kw)
+        return snap.snapshot(), len(c10d._world.pg_map) - before
+
+    # rankmesh's calls first, megatron-core's after, and no process group destroyed in between:
+    # torch 2.13 salts member-only group names with the number of groups this rank has
+    # registered, which megatron-core's own call (every group on every rank, registered on
+    # members only) leaves different on different ranks, and which destroying groups lowers, so
+    # that a later group can take an earlier one's name and meet its stale rendezvous.
+    ours = {}
     for cfg_name, kw in CONFIGS.items():
-        def one(fn):
-            before = len(c10d._world.pg_map)
-            fn(**kw)
-            return snap.snapshot(), len(c10d._world.pg_map) - before
-
-        stock, n_stock = one(ps.initialize_model_parallel)
-        ps.destroy_model_parallel()
-        snap.reset()
-        ours, n_ours = one(rm.initialize_model_parallel)
-
-        def state():
-            d = snap.diff(stock, ours)
-            assert not d, d[:10]
-            return {"keys": len(ours)}
-
-        rec.run(f"state_{cfg_name}", state)
+        ours[cfg_name] = one(rm.initialize_model_parallel, kw)
         rec.run(f"reduce_{cfg_name}", all_reduce_every_group, installed_groups())
-        rec.write(f"pgs_{cfg_name}", n_ours < n_stock, stock=n_stock, ours=n_ours)
-        rm.destroy_model_parallel()
-        snap.reset()
+        snap.reset()  # parallel_state forgets the groups; they stay registered with torch
         dist.barrier()
 
     def grid():
@@ -115,6 +109,21 @@ def main() -> None:
         return {"reduced": n}
 
     rec.run("grid", grid)
+    dist.barrier()
+
+    for cfg_name, kw in CONFIGS.items():
+        stock, n_stock = one(ps.initialize_model_parallel, kw)
+        ps.destroy_model_parallel()
+        snap.reset()
+        mine, n_ours = ours[cfg_name]
+
+        def state():
+            d = snap.diff(stock, mine)
+            assert not d, d[:10]
+            return {"keys": len(mine)}
+
+        rec.run(f"state_{cfg_name}", state)
+        rec.write(f"pgs_{cfg_name}", n_ours < n_stock, stock=n_stock, ours=n_ours)
     dist.barrier()
     rec.write("end", True)
     dist.destroy_process_group()
