@@ -26,7 +26,7 @@ from typing import Any
 
 from rankmesh._native import MeshLayout
 
-__all__ = ["DEFAULT", "FAKE", "extend_key", "group_key"]
+__all__ = ["DEFAULT", "FAKE", "extend_key", "group_key", "serves_default"]
 
 FAKE = "fake"
 #: The key of dims served by the default (world) group.
@@ -51,11 +51,19 @@ def group_key(
     Dims with equal keys share one group. A world-sized dim with only a ``timeout`` is still
     served by the default group (which keeps its own timeout)."""
     size = int(layout.size(dim))
-    if size == world_size and not fake and backend is None and options_id is None and tag is None:
+    if not fake and serves_default(size, world_size, backend=backend, options_id=options_id, tag=tag):
         return DEFAULT
     if fake or (size == 1 and size_one_fake):
         backend, options_id, timeout = FAKE, None, None
     return extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
+
+
+def serves_default(
+    size: int, world_size: int, *, backend: str | None = None, options_id: int | None = None, tag: str | None = None
+) -> bool:
+    """Whether a group of ``size`` ranks is the default group itself: the whole world, with no
+    backend, options or tag of its own (torch's rule; a timeout alone does not count)."""
+    return size == world_size and backend is None and options_id is None and tag is None
 
 
 def extend_key(key: tuple[Any, ...], timeout: Any = None, tag: str | None = None) -> tuple[Any, ...]:

@@ -3,7 +3,6 @@ makes only the caller's group. Exposed as :class:`rankmesh.megatron.HyperCommGri
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -20,19 +19,11 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
+from rankmesh.megatron import _as_int
 
 __all__ = ["HyperCommGrid"]
 
 _NEW_SUBGROUP_KWARGS = ("timeout", "pg_options", "group_desc")
-
-
-def _int(value: Any, field: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{field} must be an int, got bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}") from None
 
 
 class HyperCommGrid:
@@ -94,14 +85,14 @@ class HyperCommGrid:
         if not shape:
             raise EmptySliceError("a HyperCommGrid needs at least one dim", "shape", "[]")
         for i, (size, name) in enumerate(zip(shape, dim_names)):
-            if _int(size, f"shape[{i}]") < 1:
+            if _as_int(size, f"shape[{i}]") < 1:
                 raise InvalidSizeError(f"shape[{i}] ({name!r}) must be >= 1, got {size}", f"shape[{i}]", str(size))
             if not isinstance(name, str) or not name:
                 raise InvalidNameError(f"dim_names[{i}] must be a non-empty str, got {name!r}", f"dim_names[{i}]", repr(name))
             if name in dim_names[:i]:
                 raise DuplicateNameError(f"dim name {name!r} appears twice in {dim_names}", "dim_names", name)
         world_size = self._world_size()
-        self.rank_offset = _int(rank_offset, "rank_offset")
+        self.rank_offset = _as_int(rank_offset, "rank_offset")
         size = 1
         for s in shape:
             size *= int(s)
@@ -181,7 +172,7 @@ class HyperCommGrid:
         """``rank``'s group of ``dims`` (O(group size)), ranks in megatron-core's order; None
         for a rank outside the grid."""
         ordered, _ = self._order_dims(dims)
-        local = _int(rank, "rank") - self.rank_offset
+        local = _as_int(rank, "rank") - self.rank_offset
         if not 0 <= local < self.size:
             return None
         return (self._group_layout(ordered).group(local, 0) + self.rank_offset).tolist()

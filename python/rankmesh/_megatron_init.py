@@ -71,6 +71,7 @@ _UCC_ENV_FORCED = {
 }
 
 _last_builder: Any = None
+_OWN = object()  # make(): the NCCL options configured for the group's own name
 
 
 def megatron_core_version() -> str | None:
@@ -187,6 +188,7 @@ def initialize_model_parallel(
     import torch.distributed as dist
 
     from rankmesh.megatron import (
+        GROUP_DESCRIPTIONS,
         default_embedding_ranks,
         default_position_embedding_ranks,
         model_parallel_layout,
@@ -298,16 +300,22 @@ def initialize_model_parallel(
 
     def make(
         name: str,
-        desc: str,
+        desc: str | None = None,
         *,
         backend: str | None = None,
-        pg_options: Any = None,
+        pg_options: Any = _OWN,
         with_timeout: bool = True,
         tag: str | None = None,
     ):
-        """``rank``'s group ``name`` (None for embedding groups it is not in)."""
+        """``rank``'s group ``name`` (None for embedding groups it is not in). By default it
+        carries megatron-core's description of the group and the NCCL options configured for
+        ``name``; gloo twins pass their own description and no options."""
         kw = dict(
-            backend=backend, pg_options=pg_options, timeout=timeout if with_timeout else None, group_desc=desc, tag=tag
+            backend=backend,
+            pg_options=options(name) if pg_options is _OWN else pg_options,
+            timeout=timeout if with_timeout else None,
+            group_desc=GROUP_DESCRIPTIONS[name] if desc is None else desc,
+            tag=tag,
         )
         lay = layout_of(name)
         if lay is not None:
@@ -337,22 +345,22 @@ def initialize_model_parallel(
     # dp-cp first: with SHARP, only the first communicator created may use it.
     if sharp_enabled_group == "dp":
         os.environ["NCCL_COLLNET_ENABLE"] = "1"
-    new["_DATA_PARALLEL_GROUP_WITH_CP"] = make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP", pg_options=options("dp_cp"))
+    new["_DATA_PARALLEL_GROUP_WITH_CP"] = make("dp_cp")
     new["_DATA_PARALLEL_GROUP_WITH_CP_AG"] = (
-        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG", pg_options=options("dp_cp"), tag="all_gather")
+        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG", tag="all_gather")
         if create_all_gather_group
         else None
     )
     new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
-        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo") if gloo else None
+        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo", pg_options=None) if gloo else None
     )
     new["_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP"] = ranks("dp_cp")
     if n_do > 1:
-        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = make(
-            "intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", pg_options=options("intra_dp_cp")
-        )
+        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = make("intra_dp_cp")
         new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
-            make("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo") if gloo else None
+            make("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo", pg_options=None)
+            if gloo
+            else None
         )
     else:
         new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = new["_DATA_PARALLEL_GROUP_WITH_CP"]
@@ -377,11 +385,13 @@ def initialize_model_parallel(
                 group_desc=f"HYBRID_DP_CP_GROUP_{size}",
             )
 
-    new["_DATA_PARALLEL_GROUP"] = make("dp", "DATA_PARALLEL_GROUP", pg_options=options("dp"))
-    new["_DATA_PARALLEL_GROUP_GLOO"] = make("dp", "DATA_PARALLEL_GROUP_GLOO", backend="gloo") if gloo else None
+    new["_DATA_PARALLEL_GROUP"] = make("dp")
+    new["_DATA_PARALLEL_GROUP_GLOO"] = (
+        make("dp", "DATA_PARALLEL_GROUP_GLOO", backend="gloo", pg_options=None) if gloo else None
+    )
     new["_DATA_PARALLEL_GLOBAL_RANKS"] = ranks("dp")
 
-    new["_CONTEXT_PARALLEL_GROUP"] = make("cp", "CONTEXT_PARALLEL_GROUP", pg_options=options("cp"))
+    new["_CONTEXT_PARALLEL_GROUP"] = make("cp")
     new["_CONTEXT_PARALLEL_GLOBAL_RANKS"] = ranks("cp")
     if m.hierarchical_context_parallel_sizes:
         new["_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS"] = [
@@ -389,9 +399,9 @@ def initialize_model_parallel(
             for i in range(len(m.hierarchical_context_parallel_sizes))
         ]
 
-    new["_MODEL_PARALLEL_GROUP"] = make("mp", "MODEL_PARALLEL_GROUP", pg_options=options("mp"))
+    new["_MODEL_PARALLEL_GROUP"] = make("mp")
     new["_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("mp")
-    new["_TENSOR_MODEL_PARALLEL_GROUP"] = make("tp", "TENSOR_MODEL_PARALLEL_GROUP", pg_options=options("tp"))
+    new["_TENSOR_MODEL_PARALLEL_GROUP"] = make("tp")
     new["_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("tp")
 
     pp_backend = pipeline_model_parallel_comm_backend
@@ -413,51 +423,39 @@ def initialize_model_parallel(
         pg_options=None if pp_backend == "ucc" else options("pp"),
     )
     new["_PIPELINE_GLOBAL_RANKS"] = ranks("pp")
-    new["_EMBEDDING_GROUP"] = make("embd", "EMBEDDING_GROUP", pg_options=options("embd"))
+    new["_EMBEDDING_GROUP"] = make("embd")
     new["_EMBEDDING_GLOBAL_RANKS"] = ranks("embd")
-    new["_POSITION_EMBEDDING_GROUP"] = make("pos_embd", "POSITION_EMBEDDING_GROUP", pg_options=options("pos_embd"))
+    new["_POSITION_EMBEDDING_GROUP"] = make("pos_embd")
     new["_POSITION_EMBEDDING_GLOBAL_RANKS"] = ranks("pos_embd")
 
-    new["_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"] = make(
-        "tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", pg_options=options("tp_dp_cp")
-    )
-    new["_TENSOR_AND_DATA_PARALLEL_GROUP"] = make(
-        "tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP", pg_options=options("tp_dp")
-    )
-    new["_TENSOR_AND_CONTEXT_PARALLEL_GROUP"] = make(
-        "tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP", pg_options=options("tp_cp")
-    )
+    new["_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"] = make("tp_dp_cp")
+    new["_TENSOR_AND_DATA_PARALLEL_GROUP"] = make("tp_dp")
+    new["_TENSOR_AND_CONTEXT_PARALLEL_GROUP"] = make("tp_cp")
 
     # -- expert groups -----------------------------------------------------------------------------
-    new["_EXPERT_MODEL_PARALLEL_GROUP"] = make("ep", "EXPERT_MODEL_PARALLEL_GROUP", pg_options=options("ep"))
+    new["_EXPERT_MODEL_PARALLEL_GROUP"] = make("ep")
     new["_EXPERT_MODEL_PARALLEL_RANKS"] = ranks("ep")
-    new["_EXPERT_TENSOR_PARALLEL_GROUP"] = make(
-        "ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP", pg_options=options("ep_tp")
-    )
-    new["_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"] = make(
-        "tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", pg_options=options("tp_ep_mp")
-    )
-    new["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"] = make(
-        "tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", pg_options=options("tp_ep_pp")
-    )
-    new["_EXPERT_DATA_PARALLEL_GROUP"] = make("ep_dp", "EXPERT_DATA_PARALLEL_GROUP", pg_options=options("ep_dp"))
+    new["_EXPERT_TENSOR_PARALLEL_GROUP"] = make("ep_tp")
+    new["_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"] = make("tp_ep_mp")
+    new["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"] = make("tp_ep_pp")
+    new["_EXPERT_DATA_PARALLEL_GROUP"] = make("ep_dp")
     # megatron-core gives this gloo group no timeout (the backend's default).
     new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = (
-        make("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", backend="gloo", with_timeout=False) if gloo else None
+        make("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", backend="gloo", pg_options=None, with_timeout=False)
+        if gloo
+        else None
     )
     if n_do > 1:
         if sharp_enabled_group == "dp_replica":
             os.environ["NCCL_COLLNET_ENABLE"] = "1"
-        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make(
-            "intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0", pg_options=options("intra_ep_dp")
-        )
+        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("intra_ep_dp")
         # megatron-core also creates a level-1 gloo group but keeps no reference to it: not made here.
         new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = (
-            make("intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L0", backend="gloo") if gloo else None
+            make("intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L0", backend="gloo", pg_options=None)
+            if gloo
+            else None
         )
-        new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make(
-            "inter_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1", pg_options=options("inter_ep_dp")
-        )
+        new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("inter_ep_dp")
         if sharp_enabled_group == "dp_replica":
             dist.barrier(group=new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"], device_ids=[torch.cuda.current_device()])
             torch.cuda.synchronize()
@@ -465,11 +463,7 @@ def initialize_model_parallel(
     else:
         new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = new["_EXPERT_DATA_PARALLEL_GROUP"]
         new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"]
-    new["_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] = make(
-        "intra_dist_opt_instance",
-        "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-        pg_options=options("intra_dist_opt_instance"),
-    )
+    new["_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] = make("intra_dist_opt_instance")
 
     # -- install, all at once ----------------------------------------------------------------------
     if virtual_pipeline_model_parallel_size is not None:

@@ -45,6 +45,13 @@ from rankmesh.errors import (
 )
 
 if TYPE_CHECKING:  # the torch layer is optional at import time
+    from rankmesh._megatron_grid import HyperCommGrid
+    from rankmesh._megatron_init import (
+        SUPPORTED_MEGATRON_CORE,
+        destroy_model_parallel,
+        initialize_model_parallel,
+        last_build_report,
+    )
     from rankmesh.torch_layer import MeshBuilder
 
 __all__ = [
@@ -491,8 +498,8 @@ GROUP_DESCRIPTIONS: dict[str, str] = {
     "tp_ep_mp": "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
     "tp_ep_pp": "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
     "ep_dp": "EXPERT_DATA_PARALLEL_GROUP",
-    "intra_ep_dp": "INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-    "inter_ep_dp": "INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+    "intra_ep_dp": "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0",  # megatron's partial-DistOpt
+    "inter_ep_dp": "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1",  # expert dp levels
     "intra_dist_opt_instance": "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
 }
 

@@ -41,13 +41,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key
+from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError, DistributedStateError
 
 __all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
 
 logger = logging.getLogger("rankmesh")
+
+_NOT_YET = object()  # MeshBuilder._existing: no group for this key yet
 
 
 @dataclass(frozen=True)
@@ -242,14 +244,9 @@ class MeshBuilder:
         )
         if key[1:2] == (FAKE,):
             backend, pg_options, timeout = FAKE, None, None
-        if key == DEFAULT:
-            if not self._gloo_with_cuda:
-                c.reused_default += 1
-                return self._default
-            # torch's special case: CUDA present and a gloo default group -> one W-rank group.
-        if key in self._groups:
-            c.shared += 1
-            return self._groups[key]
+        pg = self._existing(key)
+        if pg is not _NOT_YET:
+            return pg
         ranks = np.sort(layout.group(self._rank, dim)).tolist()
         if group_desc is None:
             group_desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
@@ -277,16 +274,16 @@ class MeshBuilder:
         ``members`` is the caller's group (global ranks, including the caller) or ``None`` when
         the caller is in none of its groups. Every rank must make the same calls in the same
         order, members or not: on the ``split_group`` path non-members take part in the split (as
-        NCCL requires) and get ``None``; on the ``new_group`` path only members create the group.
+        NCCL requires) and get ``None``; on the ``new_group`` path only members create the group,
+        and the others register a one-rank ``fake`` placeholder so that torch's group names stay
+        in step on every rank.
         A second call with the same partition and key arguments returns the first group. A group
         of the whole world without overrides or tag is the default group; a one-rank group is a
         real group on its backend (never ``fake``: on the split path every rank must split).
         """
-        c = self._counters
-        c.dims += 1
-        key = extend_key(
-            (("subset", partition), backend, None if pg_options is None else id(pg_options)), timeout, tag
-        )
+        self._counters.dims += 1
+        options_id = None if pg_options is None else id(pg_options)
+        key = extend_key((("subset", partition), backend, options_id), timeout, tag)
         ranks: list[int] | None = None
         if members is not None:
             ranks = sorted(int(r) for r in members)
@@ -297,13 +294,11 @@ class MeshBuilder:
                     "members",
                     str(ranks[:8]),
                 )
-            if len(ranks) == self._world_size and backend is None and pg_options is None and tag is None:
-                if not self._gloo_with_cuda:
-                    c.reused_default += 1
-                    return self._default
-        if key in self._groups:
-            c.shared += 1
-            return self._groups[key]
+            if serves_default(len(ranks), self._world_size, backend=backend, options_id=options_id, tag=tag):
+                key = DEFAULT  # every rank is a member, so every rank takes this branch
+        pg = self._existing(key)
+        if pg is not _NOT_YET:
+            return pg
         return self._create(key, ranks, name, backend, pg_options, timeout, group_desc or f"mesh_{name}")
 
     def device_mesh(
@@ -366,6 +361,19 @@ class MeshBuilder:
         )
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _existing(self, key: tuple[Any, ...]) -> Any:
+        """The default group for :data:`DEFAULT`, or the group already made for ``key`` (None
+        where this rank is in none of a subset's groups); ``_NOT_YET`` when it must be made."""
+        c = self._counters
+        if key == DEFAULT and not self._gloo_with_cuda:
+            c.reused_default += 1
+            return self._default
+        # (torch's special case: CUDA present and a gloo default group -> one W-rank group.)
+        if key in self._groups:
+            c.shared += 1
+            return self._groups[key]
+        return _NOT_YET
 
     def _create(
         self,
