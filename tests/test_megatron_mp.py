@@ -31,10 +31,7 @@ CONFIGS = ("moe", "cp", "pp4")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mp_megatron")
-    cmd = mp.torchrun() + ["--standalone", "--nproc-per-node", str(WORLD), str(WORKER), "--out", str(out)]
-    log = mp.launch([cmd], out, 300, {"GLOO_SOCKET_IFNAME": "lo"})
-    return mp.results(out), log
+    return mp.run_standalone(WORKER, tmp_path_factory.mktemp("mp_megatron"), WORLD)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)

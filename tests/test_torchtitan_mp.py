@@ -32,10 +32,7 @@ BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mp_titan")
-    cmd = mp.torchrun() + ["--standalone", "--nproc-per-node", str(WORLD), str(WORKER), "--out", str(out)]
-    log = mp.launch([cmd], out, 300, {"GLOO_SOCKET_IFNAME": "lo"})
-    return mp.results(out), log
+    return mp.run_standalone(WORKER, tmp_path_factory.mktemp("mp_titan"), WORLD)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -20,13 +20,12 @@ import os
 import sys
 import warnings
 
-import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 sys.path.insert(0, os.path.dirname(__file__))
 import megatron_snapshot as snap  # noqa: E402
-from worker import Recorder  # noqa: E402
+from worker import Recorder, assert_reduces  # noqa: E402
 
 CONFIGS = {
     "moe": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
@@ -60,10 +59,7 @@ def all_reduce_every_group(groups) -> dict:
     reduced = 0
     for pg in groups:
         ranks = dist.get_process_group_ranks(pg)
-        t = torch.tensor([float(dist.get_rank() + 1)])
-        dist.all_reduce(t, group=pg)
-        want = float(sum(r + 1 for r in ranks))
-        assert t.item() == want, (ranks, t.item(), want)
+        assert_reduces(pg, ranks, ranks)
         reduced += 1
     return {"reduced": reduced}
 

@@ -68,6 +68,14 @@ def launch(cmds: list[list[str]], out: Path, timeout_s: float, extra_env: dict[s
     return (f"TIMED OUT after {timeout_s} s\n" if timed_out else "") + text
 
 
+def run_standalone(worker: Path, out: Path, world: int, timeout_s: float = 300) -> tuple[dict[str, dict[int, dict]], str]:
+    """One ``torchrun --standalone`` launch of ``worker --out out`` on ``world`` gloo ranks over
+    loopback, with a hard deadline: (its results, the tail of its output)."""
+    cmd = torchrun() + ["--standalone", "--nproc-per-node", str(world), str(worker), "--out", str(out)]
+    log = launch([cmd], out, timeout_s, {"GLOO_SOCKET_IFNAME": "lo"})
+    return results(out), log
+
+
 def results(out: Path) -> dict[str, dict[int, dict]]:
     """{check: {rank: record}} from the worker's rank*.jsonl files."""
     res: dict[str, dict[int, dict]] = {}

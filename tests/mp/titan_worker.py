@@ -6,7 +6,7 @@ DeviceMesh, real gloo groups) and under ``rankmesh.torchtitan.accelerate()``. Ch
 line each (``<out>/rank<r>.jsonl``):
 
 - ``groups_<backend>``: every 1-D mesh torchtitan hands out has the stock mesh's ranks and
-  backend, and all_reduce(rank) over each real group of the accelerated build gives the sum of
+  backend, and all_reduce(rank + 1) over each real group of the accelerated build gives the sum of
   the stock group's ranks (the groups talk to the right peers).
 - ``fsdp_<backend>``: fully_shard on torchtitan's dense data-parallel mesh of the accelerated
   build, one SGD step, equal to a single-process reference.
@@ -21,12 +21,11 @@ import os
 import sys
 import warnings
 
-import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 sys.path.insert(0, os.path.dirname(__file__))
-from worker import Recorder, check_fsdp  # noqa: E402
+from worker import Recorder, assert_reduces, check_fsdp  # noqa: E402
 
 CFG = dict(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2)
 DENSE_DP = {
@@ -66,9 +65,7 @@ def check_groups(stock, ours) -> dict:
         assert dist.get_backend(pg) == dist.get_backend(ref_pg), (name, dist.get_backend(pg), dist.get_backend(ref_pg))
         if dist.get_backend(pg) == "fake":
             continue
-        t = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(t, group=pg)
-        assert t.item() == sum(ranks), (name, t.item(), ranks)
+        assert_reduces(pg, ranks, name)
         reduced[name] = len(ranks)
     assert sorted(ours.get_all_one_dimensional_meshes()) == sorted(stock.get_all_one_dimensional_meshes())
     return {"reduced": reduced}

@@ -6,7 +6,7 @@ default group bound to the device so groups come from ``split_group``). Every ch
 ``<out>/rank<r>.jsonl``; the test reads them back. The checks, in order (every rank runs the
 same sequence, SPMD):
 
-- ``groups_<cfg>``: all_reduce(rank) over every real group of every mesh gives the sum of its
+- ``groups_<cfg>``: all_reduce(rank + 1) over every real group of every mesh gives the sum over its
   ranks, and the ranks are the ones torch's own layout rules give; fake groups are fake.
 - ``dtensor_<cfg>``: distribute_tensor / full_tensor / redistribute / a reduction on the
   dense mesh and its HSDP submesh.
@@ -93,6 +93,15 @@ def expected_group(world: int, sizes: dict[str, int], order: tuple[str, ...], na
     return sorted(sub.reshape(-1).tolist())
 
 
+def assert_reduces(group, ranks: list[int], what) -> None:
+    """all_reduce(rank + 1) over ``group`` gives the sum over ``ranks``: the group talks to exactly
+    those peers (+1 so that rank 0's part counts too)."""
+    t = torch.tensor([float(dist.get_rank() + 1)], device=DEVICE)
+    dist.all_reduce(t, group=group)
+    want = sum(r + 1 for r in ranks)
+    assert int(t.item()) == want, (what, t.item(), want)
+
+
 def check_groups(pd: ParallelDims, cfg: dict[str, int]) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     deg = pd._degrees()
@@ -117,18 +126,14 @@ def check_groups(pd: ParallelDims, cfg: dict[str, int]) -> dict:
                 assert name == "batch" or not pd._mesh_exist(name, sizes[name]) or len(ranks) == 1, (gname, name)
                 fake += 1
                 continue
-            t = torch.tensor([float(rank)], device=DEVICE)
-            dist.all_reduce(t, group=group)
-            assert int(t.item()) == sum(want), (gname, name, t.item(), sum(want))
+            assert_reduces(group, want, (gname, name))
             checked += 1
     # loss = flatten(batch, cp) of the dataloading mesh
     loss = pd.get_optional_mesh("loss")
     want = expected_group(world, sizes, orders["dataloading"], ("batch", "cp"), rank)
     if loss is not None:
         assert dist.get_process_group_ranks(loss.get_group()) == want
-        t = torch.tensor([float(rank)], device=DEVICE)
-        dist.all_reduce(t, group=loss.get_group())
-        assert int(t.item()) == sum(want)
+        assert_reduces(loss.get_group(), want, "loss")
         checked += 1
     report = pd.build_report
     return {"checked": checked, "fake": fake, "report": report.as_dict()}
