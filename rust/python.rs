@@ -12,7 +12,7 @@ use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::error::LayoutError;
 use crate::layout::{Layout, Mode, World};
@@ -28,7 +28,10 @@ fn raise(py: Python<'_>, kind: &str, message: String, field: String, value: Stri
     let build = || -> PyResult<PyErr> {
         let module = ERRORS.get_or_try_init(py, || py.import("rankmesh.errors").map(Bound::unbind))?;
         let cls = module.bind(py).getattr(kind)?;
-        Ok(PyErr::from_value(cls.call1((message.clone(), field.clone(), value.clone()))?))
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("field", field.clone())?;
+        kwargs.set_item("value", value.clone())?;
+        Ok(PyErr::from_value(cls.call((message.clone(),), Some(&kwargs))?))
     };
     build().unwrap_or_else(|err| err)
 }

@@ -364,8 +364,12 @@ def test_every_error_class_is_a_rankmesh_error():
     for name in errors.__all__:
         cls = getattr(errors, name)
         assert issubclass(cls, RankmeshError) and issubclass(cls, ValueError)
-        e = cls("message", "field", "value")
-        assert (str(e), e.field, e.value) == ("message", "field", "value")
+        e = cls("message", field="field", value=(2, 3))
+        assert (str(e), e.field, e.value) == ("message", "field", (2, 3))
+        copy = pickle.loads(pickle.dumps(e))
+        assert (type(copy), str(copy), copy.field, copy.value) == (cls, "message", "field", (2, 3))
+        with pytest.raises(TypeError):  # field and value are keyword-only
+            cls("message", "field", "value")
     for cls in LAYOUT_ERRORS:  # every class the Rust core maps an error kind to
         assert cls.__name__ in errors.__all__
         assert getattr(rankmesh, cls.__name__) is cls

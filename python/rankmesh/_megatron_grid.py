@@ -81,16 +81,16 @@ class HyperCommGrid:
         shape = list(shape)
         dim_names = list(dim_names)
         if len(shape) != len(dim_names):
-            raise SizeMismatchError(f"len(shape) {shape} != len(dim_names) {dim_names}", "dim_names", str(dim_names))
+            raise SizeMismatchError(f"len(shape) {shape} != len(dim_names) {dim_names}", field="dim_names", value=dim_names)
         if not shape:
-            raise EmptySliceError("a HyperCommGrid needs at least one dim", "shape", "[]")
+            raise EmptySliceError("a HyperCommGrid needs at least one dim", field="shape", value="[]")
         for i, (size, name) in enumerate(zip(shape, dim_names)):
             if _as_int(size, f"shape[{i}]") < 1:
-                raise InvalidSizeError(f"shape[{i}] ({name!r}) must be >= 1, got {size}", f"shape[{i}]", str(size))
+                raise InvalidSizeError(f"shape[{i}] ({name!r}) must be >= 1, got {size}", field=f"shape[{i}]", value=size)
             if not isinstance(name, str) or not name:
-                raise InvalidNameError(f"dim_names[{i}] must be a non-empty str, got {name!r}", f"dim_names[{i}]", repr(name))
+                raise InvalidNameError(f"dim_names[{i}] must be a non-empty str, got {name!r}", field=f"dim_names[{i}]", value=name)
             if name in dim_names[:i]:
-                raise DuplicateNameError(f"dim name {name!r} appears twice in {dim_names}", "dim_names", name)
+                raise DuplicateNameError(f"dim name {name!r} appears twice in {dim_names}", field="dim_names", value=name)
         world_size = self._world_size()
         self.rank_offset = _as_int(rank_offset, "rank_offset")
         size = 1
@@ -98,13 +98,13 @@ class HyperCommGrid:
             size *= int(s)
         self.size = size
         if self.rank_offset < 0:
-            raise InvalidSizeError(f"rank_offset must be non-negative, got {rank_offset}", "rank_offset", str(rank_offset))
+            raise InvalidSizeError(f"rank_offset must be non-negative, got {rank_offset}", field="rank_offset", value=rank_offset)
         if self.size > world_size - self.rank_offset:
             raise SizeMismatchError(
                 f"Grid shape {shape} is over sized with world size {world_size} and rank offset "
                 f"{self.rank_offset}: it needs {self.size} ranks from rank {self.rank_offset}",
-                "shape",
-                str(shape),
+                field="shape",
+                value=shape,
             )
         self.shape = [int(s) for s in shape]
         self.dim_names = dim_names
@@ -126,7 +126,7 @@ class HyperCommGrid:
                 value = 0
             if value < 1:
                 raise DistributedStateError(
-                    f"WORLD_SIZE={text!r} is not a positive integer", "WORLD_SIZE", text
+                    f"WORLD_SIZE={text!r} is not a positive integer", field="WORLD_SIZE", value=text
                 )
             return value
         try:
@@ -139,8 +139,8 @@ class HyperCommGrid:
             "Cannot determine world size: WORLD_SIZE environment variable not set and "
             "torch.distributed is not initialized. Set WORLD_SIZE or call "
             "torch.distributed.init_process_group() before creating HyperCommGrid.",
-            "WORLD_SIZE",
-            "unset",
+            field="WORLD_SIZE",
+            value="unset",
         )
 
     # -- dims -----------------------------------------------------------------------------------
@@ -149,13 +149,13 @@ class HyperCommGrid:
         under, e.g. ``["dp", "tp"]`` -> ``(["dp", "tp"], "dp-tp")`` for names tp, cp, dp."""
         names = [dims] if isinstance(dims, str) else list(dims)
         if not names:
-            raise EmptySliceError("dims must name at least one dim", "dims", "[]")
+            raise EmptySliceError("dims must name at least one dim", field="dims", value="[]")
         rev = self.dim_names[::-1]
         for n in names:
             if n not in rev:
-                raise UnknownNameError(f"unknown dim {n!r}; the grid's dims are {self.dim_names}", "dims", str(n))
+                raise UnknownNameError(f"unknown dim {n!r}; the grid's dims are {self.dim_names}", field="dims", value=n)
             if names.count(n) > 1:
-                raise DuplicateNameError(f"dim {n!r} is named twice in {names}", "dims", n)
+                raise DuplicateNameError(f"dim {n!r} is named twice in {names}", field="dims", value=n)
         ordered = sorted(names, key=rev.index)
         return ordered, "-".join(ordered)
 
@@ -193,8 +193,8 @@ class HyperCommGrid:
                 "whether options to create process group matches the first, we error out instead "
                 "of returning the process group that has already been created before; use "
                 f"get_pg({dims!r})",
-                "dims",
-                key,
+                field="dims",
+                value=key,
             )
         for k in kwargs:
             if k not in _NEW_SUBGROUP_KWARGS:
@@ -210,8 +210,8 @@ class HyperCommGrid:
                 raise SizeMismatchError(
                     f"the grid needs ranks {self.rank_offset}..{self.rank_offset + self.size - 1} but the "
                     f"default process group has {world}",
-                    "shape",
-                    str(self.shape),
+                    field="shape",
+                    value=self.shape,
                 )
             self._builder = MeshBuilder(MeshLayout.world(world), size_one_fake=False)
         lay = self._group_layout(ordered)
@@ -235,7 +235,7 @@ class HyperCommGrid:
         _, key = self._order_dims(dims)
         if key not in self._pgs:
             raise GroupNotCreatedError(
-                f"Process group for {key} hasn't been created. Call create_pg({dims!r}) first.", "dims", key
+                f"Process group for {key} hasn't been created. Call create_pg({dims!r}) first.", field="dims", value=key
             )
         return self._pgs[key]
 

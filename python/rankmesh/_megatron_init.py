@@ -110,8 +110,8 @@ def parallel_state():
             f"supports megatron-core {spec} only (it writes parallel_state's globals, which change "
             "between releases); install a supported megatron-core or call megatron's own "
             "parallel_state.initialize_model_parallel",
-            "megatron-core",
-            version,
+            field="megatron-core",
+            value=version,
         )
     import warnings
 
@@ -206,43 +206,43 @@ def initialize_model_parallel(
         elif sharp_enabled_group not in ("dp", "dp_replica"):
             raise MegatronConfigError(
                 f"sharp_enabled_group must be 'dp' or 'dp_replica', got {sharp_enabled_group!r}",
-                "sharp_enabled_group",
-                str(sharp_enabled_group),
+                field="sharp_enabled_group",
+                value=sharp_enabled_group,
             )
         elif sharp_enabled_group == "dp_replica" and not num_distributed_optimizer_instances > 1:
             raise MegatronConfigError(
                 "sharp_enabled_group='dp_replica' needs num_distributed_optimizer_instances > 1, got "
                 f"{num_distributed_optimizer_instances}",
-                "num_distributed_optimizer_instances",
-                str(num_distributed_optimizer_instances),
+                field="num_distributed_optimizer_instances",
+                value=num_distributed_optimizer_instances,
             )
     elif sharp_enabled_group is not None:
         raise MegatronConfigError(
             f"sharp_enabled_group={sharp_enabled_group!r} is only valid with use_sharp=True",
-            "sharp_enabled_group",
-            str(sharp_enabled_group),
+            field="sharp_enabled_group",
+            value=sharp_enabled_group,
         )
     if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
         raise MegatronConfigError(
             f"pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', got "
             f"{pipeline_model_parallel_comm_backend!r}",
-            "pipeline_model_parallel_comm_backend",
-            str(pipeline_model_parallel_comm_backend),
+            field="pipeline_model_parallel_comm_backend",
+            value=pipeline_model_parallel_comm_backend,
         )
     if not (dist.is_available() and dist.is_initialized()):
         raise MegatronStateError(
             "torch.distributed is not initialised; call torch.distributed.init_process_group(...) "
             "before initialize_model_parallel",
-            "default_group",
-            "None",
+            field="default_group",
+            value="None",
         )
     for name in _MUST_BE_UNSET:
         if getattr(ps, name, None) is not None:
             raise MegatronStateError(
                 f"model parallelism is already initialised (parallel_state.{name} is set); call "
                 "destroy_model_parallel() first",
-                name,
-                "set",
+                field=name,
+                value="set",
             )
     world_size = dist.get_world_size()
     rank = dist.get_rank()
@@ -264,8 +264,8 @@ def initialize_model_parallel(
     if hybrid_context_parallel and dp_cp_size % 2:
         raise MegatronConfigError(
             f"hybrid context parallel requires an even number of dp*cp ranks, got {m.dp}*{m.cp} = {dp_cp_size}",
-            "hybrid_context_parallel",
-            str(dp_cp_size),
+            field="hybrid_context_parallel",
+            value=dp_cp_size,
         )
     n_do = m.num_distributed_optimizer_instances
 
@@ -335,8 +335,8 @@ def initialize_model_parallel(
             raise MegatronConfigError(
                 f"get_{'' if name == 'embd' else 'position_'}embedding_ranks({pp_ranks[:8]}) returned "
                 f"{got[:8]}: it must return distinct ranks of the pipeline group it is given",
-                "get_embedding_ranks" if name == "embd" else "get_position_embedding_ranks",
-                str(got[:8]),
+                field="get_embedding_ranks" if name == "embd" else "get_position_embedding_ranks",
+                value=got[:8],
             )
 
     new: dict[str, Any] = {}
@@ -410,8 +410,8 @@ def initialize_model_parallel(
             raise MegatronConfigError(
                 "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
                 "communication is serialised",
-                "CUDA_DEVICE_MAX_CONNECTIONS",
-                "1",
+                field="CUDA_DEVICE_MAX_CONNECTIONS",
+                value="1",
             )
         for key, value in _UCC_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)

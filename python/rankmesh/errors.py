@@ -1,14 +1,15 @@
 """rankmesh's exception hierarchy.
 
 Every error derives from :class:`RankmeshError`, itself a :class:`ValueError`, and carries the
-offending ``field`` and ``value`` next to a message that says how to fix it::
+offending ``field`` and ``value`` (keyword-only; ``value`` is the offending value itself, not a
+description of it) next to a message that says how to fix it::
 
     >>> from rankmesh import MeshLayout, SizeMismatchError
     >>> try:
     ...     MeshLayout.world(8).unflatten("world", (2, 2), ("dp", "tp"))
     ... except SizeMismatchError as e:
-    ...     print(e.field)
-    sizes
+    ...     print(e.field, e.value)
+    sizes (2, 2)
 
 Some classes also derive from the builtin that torch raises in the same situation (``KeyError``
 for unknown names, ``IndexError`` for out-of-range dims and ranks, ``OverflowError``), so code
@@ -16,6 +17,8 @@ written against ``DeviceMesh`` keeps catching them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "RankmeshError",
@@ -53,10 +56,12 @@ class RankmeshError(ValueError):
 
     Attributes:
         field: the argument or setting at fault, e.g. ``"sizes[1]"`` or ``"rank_map"``.
-        value: the offending value, as text.
+        value: the offending value itself (an int, a tuple of sizes, a name, ...), as the caller
+            passed it or as rankmesh derived it; ``None`` when the fault is an absence (e.g. no
+            default process group).
     """
 
-    def __init__(self, message: str, field: str = "", value: str = "") -> None:
+    def __init__(self, message: str, *, field: str = "", value: Any = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
@@ -65,8 +70,17 @@ class RankmeshError(ValueError):
     def __str__(self) -> str:
         return self.message
 
+    def _fields(self) -> dict[str, Any]:
+        return {"field": self.field, "value": self.value}
+
     def __reduce__(self):  # keep field/value through pickling (e.g. across processes)
-        return (type(self), (self.message, self.field, self.value))
+        return (_rebuild, (type(self), self.message, self._fields()))
+
+
+def _rebuild(cls: type[RankmeshError], message: str, fields: dict[str, Any]) -> RankmeshError:
+    """Unpickles an error: its fields are keyword-only, which ``BaseException.__reduce__`` cannot
+    pass."""
+    return cls(message, **fields)
 
 
 class InvalidSizeError(RankmeshError):
@@ -171,20 +185,21 @@ class ConfigMismatchError(RankmeshError, RuntimeError):
     def __init__(
         self,
         message: str,
+        *,
         field: str = "",
-        value: str = "",
+        value: Any = None,
         fingerprint: int | None = None,
         min_fingerprint: int | None = None,
         max_fingerprint: int | None = None,
     ) -> None:
-        super().__init__(message, field, value)
+        super().__init__(message, field=field, value=value)
         self.fingerprint = fingerprint
         self.min_fingerprint = min_fingerprint
         self.max_fingerprint = max_fingerprint
 
-    def __reduce__(self):
-        args = (self.message, self.field, self.value, self.fingerprint, self.min_fingerprint, self.max_fingerprint)
-        return (type(self), args)
+    def _fields(self) -> dict[str, Any]:
+        extremes = {"min_fingerprint": self.min_fingerprint, "max_fingerprint": self.max_fingerprint}
+        return {**super()._fields(), "fingerprint": self.fingerprint, **extremes}
 
 
 class ConsistencyTimeoutError(ConfigMismatchError, TimeoutError):

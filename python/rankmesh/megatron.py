@@ -110,7 +110,7 @@ def _as_int(value: Any, field: str) -> int:
 def _positive(value: Any, field: str) -> int:
     v = _as_int(value, field)
     if v < 1:
-        raise InvalidSizeError(f"{field} must be >= 1, got {v}", field, str(v))
+        raise InvalidSizeError(f"{field} must be >= 1, got {v}", field=field, value=v)
     return v
 
 
@@ -123,14 +123,14 @@ def _split_names(text: str, field: str) -> list[str]:
         if not n:
             raise InvalidNameError(
                 f"{field} {text!r} has an empty name; write names joined by single '-', e.g. 'tp-cp-ep-dp-pp'",
-                field,
-                text,
+                field=field,
+                value=text,
             )
         if n not in MEGATRON_DIMS:
             raise UnknownNameError(
                 f"{field} {text!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}",
-                field,
-                n,
+                field=field,
+                value=n,
             )
     return names
 
@@ -209,8 +209,8 @@ class RankGenerator:
                 f"ep ({sizes['ep']}) and cp ({sizes['cp']}) cannot both be > 1 in one RankGenerator: "
                 "Megatron keeps cp in the dense generator (ep=1) and ep in the expert one (cp=1); "
                 "use model_parallel_layout() to build both",
-                "ep",
-                str(sizes["ep"]),
+                field="ep",
+                value=sizes["ep"],
             )
         self.tp, self.ep, self.dp, self.pp, self.cp = (sizes[k] for k in ("tp", "ep", "dp", "pp", "cp"))
         self.rank_offset = _as_int(rank_offset, "rank_offset")
@@ -218,16 +218,16 @@ class RankGenerator:
             raise InvalidSizeError(
                 f"rank_offset must be >= 0, got {self.rank_offset} (megatron-core silently ignores "
                 "a negative offset; rankmesh refuses it)",
-                "rank_offset",
-                str(self.rank_offset),
+                field="rank_offset",
+                value=self.rank_offset,
             )
         self.world_size = self.tp * self.dp * self.pp * self.cp * self.ep
         if self.world_size + self.rank_offset - 1 > _INT32_MAX:
             raise LayoutOverflowError(
                 f"ranks up to {self.world_size + self.rank_offset - 1} do not fit int32 "
                 f"(world {self.world_size}, rank_offset {self.rank_offset})",
-                "rank_offset",
-                str(self.rank_offset),
+                field="rank_offset",
+                value=self.rank_offset,
             )
         self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp}
 
@@ -235,7 +235,7 @@ class RankGenerator:
         seen: set[str] = set()
         for n in names:
             if n in seen:
-                raise DuplicateNameError(f"order {order!r} names {n!r} twice", "order", n)
+                raise DuplicateNameError(f"order {order!r} names {n!r} twice", field="order", value=n)
             seen.add(n)
         for n in MEGATRON_DIMS:
             if n not in seen:
@@ -243,8 +243,8 @@ class RankGenerator:
                     raise ParallelConfigError(
                         f"the size of {n} is {self.name_to_size[n]}, but the order {order!r} does not "
                         f"name it; add {n!r} to the order, e.g. {DEFAULT_ORDER!r}",
-                        "order",
-                        order,
+                        field="order",
+                        value=order,
                     )
                 names.append(n)
         #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
@@ -259,8 +259,8 @@ class RankGenerator:
             raise ParallelConfigError(
                 f"world must be a 1-D MeshLayout of {self.world_size} ranks (tp*ep*dp*pp*cp), "
                 f"got shape {world.shape} over {world.world_size} ranks",
-                "world",
-                repr(world),
+                field="world",
+                value=world,
             )
         self.world = world
         #: The whole mesh: the world unflattened in the reversed order (slowest dim first).
@@ -275,7 +275,7 @@ class RankGenerator:
         mask = [False] * len(ordered)
         for t in self._token_names(token):
             if t not in ordered:
-                raise UnknownNameError(f"token name {t!r} is not in the order {order!r}", "token", t)
+                raise UnknownNameError(f"token name {t!r} is not in the order {order!r}", field="token", value=t)
             mask[ordered.index(t)] = True
         return mask
 
@@ -295,9 +295,9 @@ class RankGenerator:
                 if not isinstance(n, str):
                     raise TypeError(f"token names must be str, got {type(n).__name__}")
                 if n not in MEGATRON_DIMS:
-                    raise UnknownNameError(f"token names {n!r}, not one of {', '.join(MEGATRON_DIMS)}", "token", n)
+                    raise UnknownNameError(f"token names {n!r}, not one of {', '.join(MEGATRON_DIMS)}", field="token", value=n)
             if not names:
-                raise EmptySliceError("a token must name at least one dim, e.g. 'tp'", "token", "")
+                raise EmptySliceError("a token must name at least one dim, e.g. 'tp'", field="token", value="")
         return tuple(dict.fromkeys(names))
 
     def token_dims(self, token: str | Iterable[str]) -> tuple[str, ...]:
@@ -328,7 +328,7 @@ class RankGenerator:
         local = r - self.rank_offset
         if not 0 <= local < self.world_size:
             lo, hi = self.rank_offset, self.rank_offset + self.world_size
-            raise RankOutOfRangeError(f"rank {r} is outside this generator's ranks [{lo}, {hi})", "rank", str(r))
+            raise RankOutOfRangeError(f"rank {r} is outside this generator's ranks [{lo}, {hi})", field="rank", value=r)
         return local
 
     def my_group(self, token: str | Iterable[str], rank: int) -> np.ndarray:
@@ -365,15 +365,15 @@ class RankGenerator:
             dims = [dims]
         keys = [self._token_names(t) for t in dims]
         if not keys:
-            raise EmptySliceError("dims must name at least one token", "dims", "")
+            raise EmptySliceError("dims must name at least one token", field="dims", value="")
         labels = list(names) if names is not None else ["_".join(k) for k in keys]
         if len(labels) != len(keys):
-            raise InvalidNameError(f"{len(labels)} names for {len(keys)} dims", "names", str(labels))
+            raise InvalidNameError(f"{len(labels)} names for {len(keys)} dims", field="names", value=labels)
         owner: dict[str, int] = {}
         for i, k in enumerate(keys):
             for n in k:
                 if n in owner:
-                    raise DuplicateNameError(f"{n!r} is in two dims ({dims[owner[n]]!r} and {dims[i]!r})", "dims", n)
+                    raise DuplicateNameError(f"{n!r} is in two dims ({dims[owner[n]]!r} and {dims[i]!r})", field="dims", value=n)
                 owner[n] = i
         if len(keys) == 1:
             lay = self.layout(keys[0])
@@ -394,15 +394,15 @@ class RankGenerator:
                     f"the names of {dims[i]!r} are not adjacent in the order {self.order!r}, so it cannot "
                     "be one dim of a multi-dim mesh; use it alone (dims_layout([token])) or pick tokens "
                     "that are runs of the order",
-                    "dims",
-                    str(dims[i]),
+                    field="dims",
+                    value=dims[i],
                 )
         if seen != sorted(seen):
             raise SliceOrderError(
                 f"dims {list(dims)} are not in mesh order (slowest first) for order {self.order!r}; "
                 f"list them as {[dims[i] for i in sorted(seen)]}",
-                "dims",
-                str(list(dims)),
+                field="dims",
+                value=list(dims),
             )
         run_names = [labels[r[0]] if r[0] is not None else f"_rest{j}" for j, r in enumerate(runs)]
         full = self.world.unflatten(0, [r[1] for r in runs], run_names)
@@ -414,8 +414,8 @@ class RankGenerator:
             raise ParallelConfigError(
                 f"process groups need a generator that covers the whole world (rank_offset 0, got "
                 f"{self.rank_offset}); build one RankGenerator over the world instead",
-                "rank_offset",
-                str(self.rank_offset),
+                field="rank_offset",
+                value=self.rank_offset,
             )
 
     def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
@@ -580,7 +580,7 @@ class ModelParallelLayout:
     def _check_name(self, name: str) -> None:
         if name not in self.group_names:
             raise UnknownNameError(
-                f"unknown group {name!r}; the groups are {', '.join(self.group_names)}", "name", name
+                f"unknown group {name!r}; the groups are {', '.join(self.group_names)}", field="name", value=name
             )
 
     def token(self, name: str) -> tuple[str, str] | None:
@@ -666,7 +666,7 @@ class ModelParallelLayout:
         groups), O(world). Not for ``embd``/``pos_embd``."""
         lay = self.layout(name)
         if lay is None:
-            raise ParallelConfigError(f"group {name!r} is not a partition of the world", "name", name)
+            raise ParallelConfigError(f"group {name!r} is not a partition of the world", field="name", value=name)
         tok = self.token(name)
         if tok is not None:
             return self.generator(tok[0]).groups(tok[1])
@@ -695,8 +695,8 @@ class ModelParallelLayout:
                 raise ParallelConfigError(
                     f"group {name!r} is not a strided partition of the world; it cannot be built "
                     "from a layout (pick num_distributed_optimizer_instances dividing dp)",
-                    "name",
-                    name,
+                    field="name",
+                    value=name,
                 )
             out[name] = builder.process_group(lay, 0, fake=lay.size() == 1)
         for name in wanted:
@@ -704,8 +704,8 @@ class ModelParallelLayout:
                 raise ParallelConfigError(
                     f"{name!r} groups do not cover the world; create them with "
                     f"torch.distributed.new_group(group({name!r}, rank)) on their members",
-                    "names",
-                    name,
+                    field="names",
+                    value=name,
                 )
             self._check_name(name)
         return out
@@ -758,8 +758,8 @@ def model_parallel_layout(
         raise ParallelConfigError(
             f"world_size ({world_size}) is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model}; "
             f"use a world that is a multiple of {model} or smaller degrees",
-            "world_size",
-            str(world_size),
+            field="world_size",
+            value=world_size,
         )
     dp = world_size // model
     if virtual_pipeline_model_parallel_size is not None:
@@ -768,8 +768,8 @@ def model_parallel_layout(
             raise ParallelConfigError(
                 "pipeline-model-parallel size should be greater than 1 with interleaved schedule "
                 "(virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1)",
-                "virtual_pipeline_model_parallel_size",
-                str(virtual_pipeline_model_parallel_size),
+                field="virtual_pipeline_model_parallel_size",
+                value=virtual_pipeline_model_parallel_size,
             )
     if world is None:
         world = MeshLayout.world(world_size)
@@ -780,8 +780,8 @@ def model_parallel_layout(
         raise ParallelConfigError(
             f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
             f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
-            "world_size",
-            str(world_size),
+            field="world_size",
+            value=world_size,
         )
     edp = world_size // expert_model
     expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
@@ -791,8 +791,8 @@ def model_parallel_layout(
             f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the "
             f"attention ({dp}) and MoE ({edp}) layers must be the same; put pp last or make "
             "expert_tp*ep equal tp*cp",
-            "order",
-            order,
+            field="order",
+            value=order,
         )
     if not _same_partition(decoder.layout("pp"), expert.layout("pp")):
         def step(g: RankGenerator) -> str:
@@ -802,30 +802,30 @@ def model_parallel_layout(
             "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
             f"with order {order!r} the dense pp groups step by {step(decoder)} ranks and the expert ones "
             f"by {step(expert)}; put pp last in the order",
-            "order",
-            order,
+            field="order",
+            value=order,
         )
     if (dp * cp) % n_do:
         raise MegatronConfigError(
             f"data parallel size with cp ({dp}*{cp}) should be divisible by the partial DistOpt shard "
             f"factor num_distributed_optimizer_instances ({n_do})",
-            "num_distributed_optimizer_instances",
-            str(n_do),
+            field="num_distributed_optimizer_instances",
+            value=n_do,
         )
     if edp % n_do:
         raise MegatronConfigError(
             f"expert data parallel size ({edp}) should be divisible by the partial DistOpt shard "
             f"factor num_distributed_optimizer_instances ({n_do})",
-            "num_distributed_optimizer_instances",
-            str(n_do),
+            field="num_distributed_optimizer_instances",
+            value=n_do,
         )
     if hierarchical_context_parallel_sizes:
         hs = [_positive(s, "hierarchical_context_parallel_sizes") for s in hierarchical_context_parallel_sizes]
         if int(np.prod(hs)) != cp:
             raise MegatronConfigError(
                 f"hierarchical_context_parallel_sizes {hs} multiply to {int(np.prod(hs))}, not cp ({cp})",
-                "hierarchical_context_parallel_sizes",
-                str(hs),
+                field="hierarchical_context_parallel_sizes",
+                value=hs,
             )
     return ModelParallelLayout(
         decoder,

@@ -157,28 +157,28 @@ def _check_agree(rm: MeshLayout, tl: _MeshLayout) -> None:
     if rm.ndim != len(tl) or any(list(map(tuple, rm.modes(i))) != _modes(tl, i) for i in range(rm.ndim)):
         raise InternalError(  # pragma: no cover - would be a rankmesh bug; never build a wrong mesh
             f"rankmesh and torch derived different layouts: {rm!r} vs {tl}; please report this",
-            "layout",
-            repr(rm),
+            field="layout",
+            value=rm,
         )
 
 
 def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
     if isinstance(value, str):
         raise MeshArgumentError(
-            f"{field} must be a tuple of names, got the string {value!r}; write ({value!r},)", field, repr(value)
+            f"{field} must be a tuple of names, got the string {value!r}; write ({value!r},)", field=field, value=value
         )
     names = tuple(value)
     for n in names:
         if not isinstance(n, str):
-            raise MeshArgumentError(f"{field} must hold str names, got {n!r}", field, repr(value))
+            raise MeshArgumentError(f"{field} must hold str names, got {n!r}", field=field, value=value)
     seen: set[str] = set()
     for n in names:
         if n in seen:
             raise DuplicateNameError(
                 f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
                 "rename one of them",
-                field,
-                repr(names),
+                field=field,
+                value=names,
             )
         seen.add(n)
     return names
@@ -190,18 +190,18 @@ def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
     out = []
     for i, s in enumerate(tuple(value)):
         if isinstance(s, bool):
-            raise MeshArgumentError(f"{field}[{i}] must be an int, got {s!r}", f"{field}[{i}]", repr(s))
+            raise MeshArgumentError(f"{field}[{i}] must be an int, got {s!r}", field=f"{field}[{i}]", value=s)
         try:
             v = operator.index(s)
         except TypeError:
             raise MeshArgumentError(
-                f"{field}[{i}] must be an int, got {s!r} ({type(s).__name__})", f"{field}[{i}]", repr(s)
+                f"{field}[{i}] must be an int, got {s!r} ({type(s).__name__})", field=f"{field}[{i}]", value=s
             ) from None
         if v <= 0:
             raise InvalidSizeError(
                 f"{field}[{i}] must be a positive integer, got {v}; every mesh dimension needs at least one rank",
-                f"{field}[{i}]",
-                repr(v),
+                field=f"{field}[{i}]",
+                value=v,
             )
         out.append(v)
     return tuple(out)
@@ -218,8 +218,8 @@ def _normalize_overrides(
     except RuntimeError as e:
         raise MeshArgumentError(
             f"{e}; name each overridden dim by one of its names {list(names or ())} or its index",
-            "backend_override",
-            repr(dict(backend_override)),
+            field="backend_override",
+            value=dict(backend_override),
         ) from e
 
 
@@ -408,7 +408,7 @@ class FastDeviceMesh(DeviceMesh):
     def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
         if not isinstance(mesh_dim_name, str):
             raise MeshArgumentError(
-                f"mesh_dim_name must be a str, got {mesh_dim_name!r}", "mesh_dim_name", repr(mesh_dim_name)
+                f"mesh_dim_name must be a str, got {mesh_dim_name!r}", field="mesh_dim_name", value=mesh_dim_name
             )
         root = self._get_root_mesh()
         taken = tuple(root._mesh_dim_names or ())
@@ -416,8 +416,8 @@ class FastDeviceMesh(DeviceMesh):
             raise DuplicateNameError(
                 f"{mesh_dim_name!r} already exists for submesh of the {root}: the mesh_dim_names of "
                 f"the root mesh are {taken}. Please specify another mesh_dim_name for the flattened dim",
-                "mesh_dim_name",
-                repr(mesh_dim_name),
+                field="mesh_dim_name",
+                value=mesh_dim_name,
             )
         rm = self._rm_layout.flatten(mesh_dim_name)
         tl = _torch_layout(rm)
@@ -428,8 +428,8 @@ class FastDeviceMesh(DeviceMesh):
             raise DuplicateNameError(
                 f"Flatten mesh with mesh_dim_name {mesh_dim_name!r} has been created before with a "
                 "different layout. Please specify another mesh_dim_name",
-                "mesh_dim_name",
-                repr(mesh_dim_name),
+                field="mesh_dim_name",
+                value=mesh_dim_name,
             )
         group_names = self._groups_for(rm, [0], [backend_override])
         flat = FastDeviceMesh._make(
@@ -448,24 +448,24 @@ class FastDeviceMesh(DeviceMesh):
             raise MeshArgumentError(
                 "Cannot unflatten a DeviceMesh without mesh_dim_names; pass mesh_dim_names to "
                 "init_device_mesh",
-                "mesh_dim_names",
-                "None",
+                field="mesh_dim_names",
+                value="None",
             )
         own = tuple(self._mesh_dim_names)
         if isinstance(dim, str):
             if dim not in own:
                 raise UnknownNameError(
                     f"dim {dim!r} specified in `_unflatten` is not in {own}; pass one of those names or an index",
-                    "dim",
-                    repr(dim),
+                    field="dim",
+                    value=dim,
                 )
             dim = own.index(dim)
         elif isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < self.ndim:
             raise DimOutOfRangeError(
                 f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}; valid dims are "
                 f"0..{self.ndim - 1} or the names {own}",
-                "dim",
-                repr(dim),
+                field="dim",
+                value=dim,
             )
         sizes = _sizes_tuple(mesh_sizes, "mesh_sizes")
         names = _names_tuple(mesh_dim_names, "mesh_dim_names")
@@ -473,8 +473,8 @@ class FastDeviceMesh(DeviceMesh):
             raise SizeMismatchError(
                 f"mesh_dim_names must have same length as mesh_sizes in _unflatten: {len(names)} names "
                 f"{names} for {len(sizes)} sizes {sizes}",
-                "mesh_dim_names",
-                repr(names),
+                field="mesh_dim_names",
+                value=names,
             )
         overrides = _normalize_overrides(backend_override, len(sizes), names)
         return self._create_unflatten_mesh(dim, sizes, names, overrides)
@@ -492,8 +492,8 @@ class FastDeviceMesh(DeviceMesh):
             raise SizeMismatchError(
                 f"The product of mesh_sizes={tuple(mesh_sizes)} is {prod}, but the original dimension at "
                 f"dim={dim} has size {size}. These must be equal for unflatten to work correctly",
-                "mesh_sizes",
-                repr(tuple(mesh_sizes)),
+                field="mesh_sizes",
+                value=tuple(mesh_sizes),
             )
         # rankmesh's algebra first: it names the field at fault (e.g. a name that exists already).
         rm = self._rm_layout.unflatten(dim, mesh_sizes, mesh_dim_names)
@@ -522,15 +522,15 @@ def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
     if unknown:
         return UnknownNameError(
             f"Invalid mesh_dim_names {names} specified. Valid mesh_dim_names are {valid}. Not found: {unknown}",
-            "mesh_dim_names",
-            repr(names),
+            field="mesh_dim_names",
+            value=names,
         )
     fix = sorted(names, key=lambda n: own.index(n) if n in own else len(own))
     return SliceOrderError(
         f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be in ascending order: "
         f"slice them in mesh order, e.g. {tuple(fix)} (the mesh order is {own})",
-        "mesh_dim_names",
-        repr(names),
+        field="mesh_dim_names",
+        value=names,
     )
 
 
@@ -576,19 +576,19 @@ def init_device_mesh(
         raise MeshArgumentError(
             f"Device type with index is not supported but got {device_type!r}; pass the type only, "
             "e.g. 'cuda' (torch.device(...).type)",
-            "device_type",
-            repr(device_type),
+            field="device_type",
+            value=device_type,
         )
     shape = _sizes_tuple(mesh_shape, "mesh_shape")
     if not shape:
-        raise SizeMismatchError("mesh_shape must have at least one dim", "mesh_shape", repr(mesh_shape))
+        raise SizeMismatchError("mesh_shape must have at least one dim", field="mesh_shape", value=mesh_shape)
     names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
     if names is not None and len(names) != len(shape):
         raise SizeMismatchError(
             "mesh_shape and mesh_dim_names should have same length! Found "
             f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
-            "mesh_dim_names",
-            repr(names),
+            field="mesh_dim_names",
+            value=names,
         )
     overrides = _normalize_overrides(backend_override, len(shape), names)
 
@@ -601,8 +601,8 @@ def init_device_mesh(
             f"mesh_shape {shape} has {numel} ranks but the default process group has {world_size}; "
             f"make the sizes multiply to {world_size} (a mesh over part of the world: use torch's own "
             "init_device_mesh)",
-            "mesh_shape",
-            repr(shape),
+            field="mesh_shape",
+            value=shape,
         )
     if isinstance(rank_map, torch.Tensor):
         rank_map = rank_map.detach().cpu().numpy()

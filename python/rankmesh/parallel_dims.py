@@ -99,7 +99,7 @@ class ParallelDims:
                 setattr(self, name, operator.index(v))
             except TypeError:
                 raise ParallelDimsError(
-                    f"{name} must be an int, got {v!r} ({type(v).__name__})", name, repr(v)
+                    f"{name} must be an int, got {v!r} ({type(v).__name__})", field=name, value=v
                 ) from None
         dp_replicate, dp_shard, cp, tp, pp, ep, etp = (
             self.dp_replicate,
@@ -116,15 +116,15 @@ class ParallelDims:
                 raise ParallelDimsError(
                     f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; "
                     "use 1 to disable a parallelism",
-                    name,
-                    str(d),
+                    field=name,
+                    value=d,
                 )
         if not (dp_shard == -1 or dp_shard >= 1):
             raise ParallelDimsError(
                 f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank "
                 "the other degrees leave",
-                "dp_shard",
-                str(dp_shard),
+                field="dp_shard",
+                value=dp_shard,
             )
         if dp_shard < 0:
             self.dp_shard = dp_shard = self.world_size // (dp_replicate * cp * tp * pp)
@@ -132,8 +132,8 @@ class ParallelDims:
                 raise ParallelDimsError(
                     f"dp_shard = -1 leaves no rank for FSDP: world_size = {self.world_size} is "
                     f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}",
-                    "dp_shard",
-                    "-1",
+                    field="dp_shard",
+                    value="-1",
                 )
         product = dp_replicate * dp_shard * cp * tp * pp
         if product != self.world_size:
@@ -141,15 +141,15 @@ class ParallelDims:
                 f"Invalid parallel dims: dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * "
                 f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({self.world_size}); the degrees "
                 f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",
-                "world_size",
-                str(self.world_size),
+                field="world_size",
+                value=self.world_size,
             )
         if ep > 1 and etp not in (tp, 1):
             raise ParallelDimsError(
                 f"Currently we only support ETP=TP or ETP=1: etp = {etp} with tp = {tp} and "
                 f"ep = {ep}; set etp to 1 or to tp",
-                "etp",
-                str(etp),
+                field="etp",
+                value=etp,
             )
 
     def _validate_sparse(self) -> None:
@@ -163,8 +163,8 @@ class ParallelDims:
                 f"ep * etp = {ep} * {etp} = {ep * etp} must divide dp_shard * cp * tp = "
                 f"{dp_shard} * {cp} * {tp} = {sparse}: the MoE (sparse) mesh splits those ranks "
                 f"into efsdp x ep x etp; choose ep (and etp) so that ep * etp divides {sparse}",
-                "ep",
-                str(ep),
+                field="ep",
+                value=ep,
             )
 
     def _mesh_exist(self, name: str, degree: int) -> bool:
@@ -221,8 +221,8 @@ class ParallelDims:
                 raise RankmeshError(
                     f"the meshes were already built for device_type={self._world_mesh.device_type!r}; "
                     f"cannot rebuild them for {device_type!r}. Build once, with the device type you need",
-                    "device_type",
-                    device_type,
+                    field="device_type",
+                    value=device_type,
                 )
             return self._world_mesh
         device_type = device_type or _module_device_type()
@@ -238,8 +238,8 @@ class ParallelDims:
             raise DistributedStateError(
                 f"the default process group has {dist.get_world_size()} ranks but "
                 f"ParallelDims.world_size = {self.world_size}; pass world_size=dist.get_world_size()",
-                "world_size",
-                str(self.world_size),
+                field="world_size",
+                value=self.world_size,
             )
         if check_consistency:
             _check_consistency(self.fingerprint, timeout=consistency_timeout)
@@ -316,8 +316,8 @@ class ParallelDims:
             if mesh_name not in self._meshes:
                 raise UnknownNameError(
                     f"Invalid mesh dim: '{mesh_name}'. Valid dimensions are: {list(self._meshes.keys())}",
-                    "dims",
-                    str(mesh_name),
+                    field="dims",
+                    value=mesh_name,
                 )
         if any(not self._mesh_exist(d, self._meshes[d].size()) for d in dims):
             return None
@@ -332,8 +332,8 @@ class ParallelDims:
         raise RankmeshError(
             f"Invalid mesh name combinations {dims}. Names used together must all belong to one "
             f"of the meshes {[tuple(m.mesh_dim_names or ()) for m in self._global_meshes.values()]}",
-            "dims",
-            str(dims),
+            field="dims",
+            value=dims,
         )
 
     def get_mesh(self, dims: str | list[str]) -> DeviceMesh:
@@ -343,8 +343,8 @@ class ParallelDims:
             enabled_str = "enabled (size > 1)" if isinstance(dims, str) else "all enabled"
             raise RankmeshError(
                 f"Mesh '{dims}' is not available. Ensure the corresponding parallelism dimension is {enabled_str}.",
-                "dims",
-                str(dims),
+                field="dims",
+                value=dims,
             )
         return mesh
 

@@ -68,7 +68,7 @@ def _degree(value: Any, field: str, *, allow_auto: bool = False) -> int:
         return v
     if v < 1:
         hint = " (or -1 to fill the rest of the world)" if allow_auto else ""
-        raise InvalidSizeError(f"{field} must be >= 1{hint}, got {v}", field, str(v))
+        raise InvalidSizeError(f"{field} must be >= 1{hint}, got {v}", field=field, value=v)
     return v
 
 
@@ -136,8 +136,8 @@ def single_mesh(
         raise ParallelConfigError(
             f"the single-mesh convention has no cp dim (got cp={cp}); use the torchtitan or "
             "megatron convention for context parallelism",
-            "cp",
-            str(cp),
+            field="cp",
+            value=cp,
         )
     deg = {
         "pp": _degree(pp, "pp"),
@@ -152,8 +152,8 @@ def single_mesh(
             raise SizeMismatchError(
                 f"world_size {world_size} is not divisible by pp*dp_replicate*ep*tp = {others}, so "
                 "dp_shard=-1 cannot fill the rest; change the degrees or the world size",
-                "dp_shard",
-                "-1",
+                field="dp_shard",
+                value="-1",
             )
         deg["dp_shard"] = world_size // others
     total = others * deg["dp_shard"]
@@ -161,8 +161,8 @@ def single_mesh(
         raise SizeMismatchError(
             f"pp*dp_replicate*dp_shard*ep*tp = {'*'.join(str(deg[n]) for n in SINGLE_MESH_ORDER)} = "
             f"{total}, not the world size {world_size}; pass dp_shard=-1 to fill the rest",
-            "world_size",
-            str(world_size),
+            field="world_size",
+            value=world_size,
         )
     keep_shard = deg["tp"] > 1 or deg["ep"] > 1
     names = tuple(n for n in SINGLE_MESH_ORDER if deg[n] > 1 or (n == "dp_shard" and keep_shard))

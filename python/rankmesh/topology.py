@@ -70,10 +70,10 @@ def gpus_per_node_from_env() -> int | None:
         n = int(v)
     except ValueError:
         raise TopologyError(
-            f"LOCAL_WORLD_SIZE={v!r} is not an integer; unset it or pass gpus_per_node", "LOCAL_WORLD_SIZE", v
+            f"LOCAL_WORLD_SIZE={v!r} is not an integer; unset it or pass gpus_per_node", field="LOCAL_WORLD_SIZE", value=v
         ) from None
     if n < 1:
-        raise TopologyError(f"LOCAL_WORLD_SIZE={n} must be >= 1", "LOCAL_WORLD_SIZE", v)
+        raise TopologyError(f"LOCAL_WORLD_SIZE={n} must be >= 1", field="LOCAL_WORLD_SIZE", value=v)
     return n
 
 
@@ -83,7 +83,7 @@ def _hosts_index(hostnames: Sequence[str]) -> tuple[np.ndarray, list[str], np.nd
         raise TypeError("hostnames must be a sequence with one host name per rank, not one str")
     hosts = list(hostnames)
     if not hosts:
-        raise TopologyError("hostnames is empty; give one host name per rank", "hostnames", "[]")
+        raise TopologyError("hostnames is empty; give one host name per rank", field="hostnames", value="[]")
     index: dict[str, int] = {}
     node = np.empty(len(hosts), dtype=np.int32)
     for r, h in enumerate(hosts):
@@ -98,8 +98,8 @@ def _hosts_index(hostnames: Sequence[str]) -> tuple[np.ndarray, list[str], np.nd
         raise TopologyError(
             f"hosts hold different numbers of ranks ({detail}{more}); a mesh needs the same number "
             "of ranks on every host: launch the same number of processes per node",
-            "hostnames",
-            f"{int(counts.min())}..{int(counts.max())} ranks per host",
+            field="hostnames",
+            value=f"{int(counts.min())}..{int(counts.max())} ranks per host",
         )
     return node, list(index), counts
 
@@ -243,7 +243,7 @@ def _hungry_names(hungry: Iterable[str]) -> set[str]:
     for h in hungry:
         if h not in BANDWIDTH_HUNGRY:
             raise TopologyError(
-                f"unknown bandwidth-hungry family {h!r}; choose from {', '.join(BANDWIDTH_HUNGRY)}", "strict_dims", h
+                f"unknown bandwidth-hungry family {h!r}; choose from {', '.join(BANDWIDTH_HUNGRY)}", field="strict_dims", value=h
             )
         names.update(BANDWIDTH_HUNGRY[h])
     return names
@@ -299,21 +299,21 @@ def topology_report(
     """
     by_name = _as_meshes(meshes)
     if not by_name:
-        raise TopologyError("no mesh to report on", "meshes", "{}")
+        raise TopologyError("no mesh to report on", field="meshes", value="{}")
     world_sizes = {m.world_size for m in by_name.values()}
     if len(world_sizes) != 1:
-        raise TopologyError(f"meshes over different worlds: sizes {sorted(world_sizes)}", "meshes", str(sorted(world_sizes)))
+        raise TopologyError(f"meshes over different worlds: sizes {sorted(world_sizes)}", field="meshes", value=sorted(world_sizes))
     world = world_sizes.pop()
     node_of: np.ndarray | None = None
     if hostnames is not None:
         node_of, gpn = node_of_rank_from_hosts(hostnames)
         if len(node_of) != world:
             raise TopologyError(
-                f"{len(node_of)} host names for a world of {world} ranks; give one per rank", "hostnames", str(len(node_of))
+                f"{len(node_of)} host names for a world of {world} ranks; give one per rank", field="hostnames", value=len(node_of)
             )
         if gpus_per_node is not None and int(gpus_per_node) != gpn:
             raise TopologyError(
-                f"gpus_per_node={gpus_per_node} but the hosts hold {gpn} ranks each", "gpus_per_node", str(gpus_per_node)
+                f"gpus_per_node={gpus_per_node} but the hosts hold {gpn} ranks each", field="gpus_per_node", value=gpus_per_node
             )
     else:
         if gpus_per_node is None:
@@ -321,18 +321,18 @@ def topology_report(
         if gpus_per_node is None:
             raise TopologyError(
                 "gpus_per_node is unknown: pass gpus_per_node (or hostnames), or set LOCAL_WORLD_SIZE",
-                "gpus_per_node",
-                "None",
+                field="gpus_per_node",
+                value="None",
             )
         gpn = operator.index(gpus_per_node)
         if gpn < 1:
-            raise InvalidSizeError(f"gpus_per_node must be >= 1, got {gpn}", "gpus_per_node", str(gpn))
+            raise InvalidSizeError(f"gpus_per_node must be >= 1, got {gpn}", field="gpus_per_node", value=gpn)
         if world % gpn:
             raise TopologyError(
                 f"a world of {world} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
                 "gpus_per_node, or hostnames when nodes differ",
-                "gpus_per_node",
-                str(gpn),
+                field="gpus_per_node",
+                value=gpn,
             )
     rank = operator.index(rank)
     hungry = _hungry_names(strict_dims) if strict else set()
@@ -363,7 +363,7 @@ def topology_report(
     my_node = int(nodes(np.asarray([rank]))[0]) if 0 <= rank < world else -1
     if my_node < 0:
         # MeshLayout.group raised already for a bad rank when there is a dim; keep the message
-        raise TopologyError(f"rank {rank} is outside the world of {world} ranks", "rank", str(rank))
+        raise TopologyError(f"rank {rank} is outside the world of {world} ranks", field="rank", value=rank)
     report = TopologyReport(
         gpus_per_node=gpn,
         num_nodes=world // gpn,
@@ -381,7 +381,7 @@ def topology_report(
                 f"{d.label} ({d.size} ranks) spans {d.max_nodes} nodes ({gpn} GPUs per node), but it is "
                 f"bandwidth-hungry: keep it inside a node (make it the fastest dim with a size dividing "
                 f"{gpn}, or place ranks with rank_map_from_hosts){others}",
-                d.label,
-                str(d.max_nodes),
+                field=d.label,
+                value=d.max_nodes,
             )
     return report

@@ -155,16 +155,16 @@ class MeshBuilder:
             raise DistributedStateError(
                 f"the default process group has {world_size} ranks but the layout's world has "
                 f"{world.world_size}; build the layout with MeshLayout.world(dist.get_world_size())",
-                "world_size",
-                str(world.world_size),
+                field="world_size",
+                value=world.world_size,
             )
         my_rank = dist.get_rank()
         if rank is not None and int(rank) != my_rank:
             raise DistributedStateError(
                 f"rank = {rank} but this process is rank {my_rank} of the default group; groups "
                 "can only be created for the calling process, so leave rank unset",
-                "rank",
-                str(rank),
+                field="rank",
+                value=rank,
             )
         self._world = world
         self._device_type = device_type
@@ -291,8 +291,8 @@ class MeshBuilder:
                 raise DistributedStateError(
                     f"members of {name!r} must be distinct ranks of the world that include this rank "
                     f"({self._rank}); got {ranks[:8]}{'...' if len(ranks) > 8 else ''}",
-                    "members",
-                    str(ranks[:8]),
+                    field="members",
+                    value=ranks[:8],
                 )
             if serves_default(len(ranks), self._world_size, backend=backend, options_id=options_id, tag=tag):
                 key = DEFAULT  # every rank is a member, so every rank takes this branch
@@ -435,8 +435,8 @@ class MeshBuilder:
             raise DistributedStateError(
                 f"torch returned no process group for rank {self._rank} in {name!r} "
                 f"(ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''})",
-                "dim",
-                str(name),
+                field="dim",
+                value=name,
             )
         self._groups[key] = pg
         if pg_options is not None:
@@ -460,8 +460,8 @@ class MeshBuilder:
                 f"(world_size={self._world.world_size}, "
                 f"rank_map={'identity' if self._world.rank_map() is None else 'a permutation'}); "
                 "derive every layout from the world given to MeshBuilder",
-                "layout",
-                repr(layout),
+                field="layout",
+                value=layout,
             )
         self._known.add(layout)
 
@@ -479,8 +479,8 @@ def require_default_group(what: str) -> None:
         raise DistributedStateError(
             "torch.distributed's default process group is not initialised; call "
             f"torch.distributed.init_process_group(...) (torchrun sets the environment) before {what}",
-            "default_group",
-            "None",
+            field="default_group",
+            value="None",
         )
 
 
@@ -548,16 +548,16 @@ def _wait(work: Any, timeout: datetime.timedelta, what: str, fingerprint: int, p
             f"{what} within {timeout.total_seconds():g} s ({e}). A rank crashed, is stuck, or "
             "runs a different code path (for example its own configuration failed validation). "
             "Check every rank's logs; make all ranks run the same configuration",
-            "timeout",
-            str(timeout.total_seconds()),
+            field="timeout",
+            value=timeout.total_seconds(),
             fingerprint=fingerprint,
         ) from e
     if ok is False:
         raise ConsistencyTimeoutError(
             f"rankmesh consistency check: the {what} did not complete within "
             f"{timeout.total_seconds():g} s; not every rank reached it",
-            "timeout",
-            str(timeout.total_seconds()),
+            field="timeout",
+            value=timeout.total_seconds(),
             fingerprint=fingerprint,
         )
 
@@ -620,8 +620,8 @@ def check_consistency(
         f"{fmax:#018x}, by {n_max} rank(s) (e.g. rank {r_max}). Every rank must build the same "
         "meshes: give all ranks the same parallelism degrees, world size and rank map (same "
         "command line, config files and environment), then restart the job",
-        "fingerprint",
-        f"{fp:#018x}",
+        field="fingerprint",
+        value=f"{fp:#018x}",
         fingerprint=fp,
         min_fingerprint=fmin,
         max_fingerprint=fmax,
