@@ -36,6 +36,7 @@ __all__ = [
     "IncompatibleLayoutError",
     "InvalidLayoutError",
     "MeshArgumentError",
+    "ArgumentTypeError",
     "InternalError",
     "ParallelConfigError",
     "TopologyError",
@@ -148,6 +149,13 @@ class MeshArgumentError(RankmeshError, RuntimeError):
     """An argument of :func:`rankmesh.init_device_mesh` or a mesh derivation that torch rejects
     with a ``RuntimeError`` (a device type with an index, a ``backend_override`` key that names
     no dim) or that is of the wrong type. Also a ``RuntimeError``."""
+
+
+class ArgumentTypeError(RankmeshError, TypeError):
+    """An argument of the wrong type: a float, bool or string where an integer (a size, degree,
+    rank or count) is needed, or an object that is not what the argument must be (e.g. a world
+    that is not a :class:`~rankmesh.MeshLayout`). Also a ``TypeError``, which is what torch raises
+    for a float size. See :mod:`rankmesh._check` for the one rule rankmesh applies."""
 
 
 class InternalError(RankmeshError):
