@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed._mesh_layout import _MeshLayout
-
 from rankmesh import MeshLayout
+from torch.distributed._mesh_layout import _MeshLayout
 
 NAMES = ("pp", "dp_replicate", "fsdp", "cp", "tp")
 RESULTS = Path(__file__).resolve().parent / "results"

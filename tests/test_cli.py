@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from rankmesh import MeshLayout
 from rankmesh.cli import PLAN_LIMIT, build_plan, count_process_groups, format_group, main
 

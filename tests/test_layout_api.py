@@ -17,13 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-
 import rankmesh
 import rankmesh._native
 import rankmesh.errors
+import torch
 from rankmesh import MeshLayout
+from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 
 PINNED_FINGERPRINT = 2829958925554225088  # world 8 -> (dp=2, tp=4); same literal as rust/layout.rs
 REVERSED_8 = [7, 6, 5, 4, 3, 2, 1, 0]

@@ -7,9 +7,8 @@ import pickle
 
 import numpy as np
 import pytest
-import torch
-
 import rankmesh
+import torch
 from rankmesh import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import (
     DimOutOfRangeError,

@@ -22,9 +22,8 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, currently_in_test_context, event, given, note, settings
 from hypothesis import strategies as st
-from torch.distributed._mesh_layout import _MeshLayout
-
 from rankmesh import IncompatibleLayoutError, MeshLayout, SliceOrderError
+from torch.distributed._mesh_layout import _MeshLayout
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

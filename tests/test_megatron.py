@@ -19,7 +19,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 from rankmesh import MeshLayout
 from rankmesh.errors import (
     DuplicateNameError,

@@ -30,9 +30,8 @@ with warnings.catch_warnings():
 
 sys.path.insert(0, str(Path(__file__).parent / "mp"))
 import megatron_snapshot as snap  # noqa: E402
-from conftest import MESHFAKE, _create_meshfake_pg  # noqa: E402
-
 import rankmesh.megatron as rm  # noqa: E402
+from conftest import MESHFAKE, _create_meshfake_pg  # noqa: E402
 from rankmesh import _megatron_init  # noqa: E402
 from rankmesh.errors import (  # noqa: E402
     DistributedStateError,

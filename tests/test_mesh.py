@@ -38,10 +38,6 @@ import torch.nn as nn
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
-from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
 from rankmesh import _torch_compat
 from rankmesh.errors import (
     DimOutOfRangeError,
@@ -56,6 +52,9 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
+from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 pytestmark = [
     pytest.mark.skipif(

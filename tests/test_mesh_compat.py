@@ -9,15 +9,14 @@ import doctest
 import warnings
 
 import pytest
+import rankmesh
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
+from rankmesh import MeshLayout, _groups, _torch_compat, mesh
+from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import init_device_mesh as torch_init
 from torch.testing._internal.distributed.fake_pg import FakeStore
-
-import rankmesh
-from rankmesh import MeshLayout, _groups, _torch_compat, mesh
-from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 
 
 def _skip_unless_fake_backend_splits() -> None:
@@ -105,7 +104,6 @@ def test_split_group_with_the_narrowed_rank_table_equals_torchs_and_restores_it(
     made with the narrowed table has the same ranks and group rank as torch's own call, and the
     default group's full rank table is back afterwards, also when split_group raises."""
     import torch
-
     from rankmesh.torch_layer import _narrowed_parent_ranks
 
     W = 64

@@ -21,13 +21,12 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
 from rankmesh._stock import mesh_exists
 from rankmesh._stock import stock_build as _stock_build
 from rankmesh.errors import ParallelDimsError, RankmeshError, SliceOrderError, UnknownNameError
 from rankmesh.parallel_dims import ParallelDims
+from torch.distributed.device_mesh import DeviceMesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 NAMES = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
 GLOBAL = {

@@ -8,7 +8,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 from rankmesh.errors import InvalidSizeError, ParallelConfigError, RankmeshError, SizeMismatchError
 from rankmesh.single import (
     SINGLE_MESH_ORDER,

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from rankmesh import MeshLayout
 from rankmesh.errors import InvalidSizeError, RankmeshError, TopologyError
 from rankmesh.single import single_mesh

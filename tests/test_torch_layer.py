@@ -19,10 +19,8 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
 from rankmesh import MeshLayout
+from rankmesh._torchtitan import fake_dims as fake_dims_of
 from rankmesh.errors import (
     ConfigMismatchError,
     ConsistencyTimeoutError,
@@ -31,8 +29,9 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.parallel_dims import ParallelDims
-from rankmesh._torchtitan import fake_dims as fake_dims_of
 from rankmesh.torch_layer import BuildReport, MeshBuilder, _from_i64, _to_i64, check_consistency
+from torch.distributed.device_mesh import DeviceMesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
 @contextlib.contextmanager

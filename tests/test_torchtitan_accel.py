@@ -25,11 +25,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
+from rankmesh import _torch_compat
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
-
-from rankmesh import _torch_compat
 
 tpd = pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
 import rankmesh.torchtitan as rt  # noqa: E402

@@ -16,7 +16,6 @@ import torch.distributed as dist
 pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
 sys.path.insert(0, str(Path(__file__).parent / "mp"))
 import rankmesh_mp as mp  # noqa: E402
-
 from rankmesh import _torch_compat  # noqa: E402
 
 pytestmark = [

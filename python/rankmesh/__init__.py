@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import (
+    ArgumentTypeError,
     ConfigMismatchError,
     ConsistencyTimeoutError,
     DimOutOfRangeError,
@@ -36,7 +37,6 @@ from rankmesh.errors import (
     MegatronConfigError,
     MegatronStateError,
     MeshArgumentError,
-    ArgumentTypeError,
     ParallelConfigError,
     ParallelDimsError,
     RankmeshError,

@@ -72,9 +72,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     rec = Recorder(args.out, rank)
-    from megatron.core import parallel_state as ps
-
     import rankmesh.megatron as rm
+    from megatron.core import parallel_state as ps
 
     def one(fn, kw):
         before = len(c10d._world.pg_map)

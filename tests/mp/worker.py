@@ -35,7 +35,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
 from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError
 from rankmesh.parallel_dims import ParallelDims
 from rankmesh.torch_layer import check_consistency
