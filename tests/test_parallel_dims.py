@@ -161,7 +161,7 @@ def test_random_configs_equal_stock_torch(deg, ep, etp_is_tp, rng):
 
 @pytest.mark.parametrize("rank", [2**17 - 1, 77_777])
 def test_equals_stock_torch_at_2_17(rank):
-    """DESIGN.md's benchmark config at W = 131,072 (stock torch takes ~5 s per rank here)."""
+    """The benchmark config (docs/design.md) at W = 131,072 (stock torch takes ~5 s per rank here)."""
     cfg = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
     compare_with_stock(cfg, 2**17, rank, combos=False)
 

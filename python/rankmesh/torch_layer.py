@@ -2,7 +2,7 @@
 
 A rank needs only its own group in each mesh dimension, so :class:`MeshBuilder` asks the layout
 for exactly that group (O(group size)) and creates it with the strategy that cannot hang and
-scales (see DESIGN.md, "Python layer"):
+scales (see docs/design.md, "Process groups"):
 
 - default group bound to a device (NCCL eager init): ``split_group(default, [my_group])``; every
   rank of the world makes one such call per distinct partition;
