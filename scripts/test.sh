@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: set-up, Rust tests, then pytest (unit, property
-# tests against torch, fake-backend scale tests, multi-process gloo via torchrun) on the newest
-# and on the oldest supported torch.
+# The whole test suite, from a fresh machine: set-up, Rust tests, lint (cargo fmt, clippy, ruff;
+# any finding fails the run), then pytest (unit, property tests against torch, fake-backend scale
+# tests, multi-process gloo via torchrun) on the newest and on the oldest supported torch.
 #
 #   bash scripts/test.sh                              # torch 2.15.0 and 2.13.0
 #   RANKMESH_TORCH_VERSIONS=2.15.0 bash scripts/test.sh -x -q   # one torch, pytest flags
@@ -9,11 +9,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== cargo test (core, no Python)"
 cargo test --locked -q
+echo "== lint: cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --check
+PYO3_PYTHON=${PYO3_PYTHON:-$(command -v python3)} cargo clippy --locked -q --all-targets --features python -- -D warnings
 status=0
+linted=
 for v in ${RANKMESH_TORCH_VERSIONS:-2.15.0 2.13.0}; do
   echo "== set-up: torch $v"
   RANKMESH_TORCH=$v bash scripts/setup.sh
   venv=$([ "$v" = "2.15.0" ] && echo .venv || echo ".venv-torch$v")
+  if [ -z "$linted" ]; then
+    echo "== lint: ruff check (pyproject.toml: line length 120)"
+    "$venv/bin/ruff" check .
+    linted=1
+  fi
   echo "== pytest on torch $v"
   set +e
   "$venv/bin/python" -m pytest "$@"
