@@ -1,4 +1,5 @@
-"""The one home of rankmesh's argument checks for integers: degrees, sizes, ranks, counts.
+"""The one home of rankmesh's argument checks: integers (degrees, sizes, ranks, counts, dims),
+fingerprints, timeouts, flags and layouts.
 
 One rule everywhere (the Python layer and, for the same values, the Rust core):
 
@@ -8,33 +9,76 @@ One rule everywhere (the Python layer and, for the same values, the Rust core):
   degree of 1;
 * floats are refused, even integral ones (``2.0``), and strings too: nothing is truncated or
   parsed silently. Environment variables and command-line text are parsed where they are read,
-  with their own error.
+  with their own error (``LOCAL_WORLD_SIZE``: :func:`rankmesh.topology.gpus_per_node_from_env`).
 
 A value of the wrong type raises :class:`~rankmesh.errors.ArgumentTypeError` (a ``TypeError``,
-which torch raises for a float size); a value out of range raises the class of its fault.
+which torch raises for a float size, and a ``ValueError`` like every rankmesh error); a value out
+of range raises the class of its fault. This holds for the mesh layer too: a float or bool in
+``init_device_mesh``'s ``mesh_shape`` or ``_unflatten``'s ``mesh_sizes`` is an
+``ArgumentTypeError``, not a :class:`~rankmesh.errors.MeshArgumentError` (a ``RuntimeError``,
+kept for what torch itself rejects with one: a device type with an index, a ``backend_override``
+key that names no dim). torch's own ``init_device_mesh`` raises ``ValueError`` for such sizes
+(its layout check) and ``Tensor.view`` a ``TypeError``: an ``ArgumentTypeError`` is both.
 
-    >>> from rankmesh._check import as_int, positive_int
+Other rules kept here:
+
+* a fingerprint (:func:`as_u64`) is an integer in ``0 .. 2**64 - 1``; outside it,
+  :class:`~rankmesh.errors.LayoutOverflowError`;
+* a timeout (:func:`as_timeout`) is seconds (an ``int`` or ``float``, never a ``bool`` or a
+  string) or a ``datetime.timedelta``, finite, at least 1 ms (c10d counts whole milliseconds and
+  reads 0 as "no timeout") and at most ``timedelta.max``; out of range,
+  :class:`~rankmesh.errors.InvalidTimeoutError`;
+* a flag (:func:`as_bool`) is a ``bool`` (or numpy's), never a truthy object;
+* a layout argument (:func:`as_layout`) is a :class:`~rankmesh.MeshLayout`.
+
+    >>> from rankmesh._check import as_int, as_timeout, positive_int
     >>> positive_int(8, "tp")
     8
     >>> as_int(2.0, "tp")
     Traceback (most recent call last):
     ...
     rankmesh.errors.ArgumentTypeError: tp must be an int, got float 2.0
+    >>> as_timeout(1.5).total_seconds()
+    1.5
+    >>> as_timeout(float("nan"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rankmesh.errors.InvalidTimeoutError: timeout must be a finite number of seconds >= 0.001, got nan; ...
 """
 
 from __future__ import annotations
 
+import datetime
+import math
+import numbers
 import operator
 from typing import Any
 
-from rankmesh.errors import ArgumentTypeError, InvalidSizeError, RankOutOfRangeError
+import numpy as np
 
-__all__ = ["as_int", "positive_int", "as_rank"]
+from rankmesh._native import MeshLayout
+from rankmesh.errors import (
+    ArgumentTypeError,
+    InvalidSizeError,
+    InvalidTimeoutError,
+    LayoutOverflowError,
+    RankOutOfRangeError,
+)
+
+__all__ = ["as_int", "positive_int", "as_rank", "as_u64", "as_timeout", "as_bool", "as_layout", "type_name"]
+
+_U64_MAX = (1 << 64) - 1
+_MIN_TIMEOUT = datetime.timedelta(milliseconds=1)
+
+
+def type_name(value: Any) -> str:
+    """The short type name used in messages (``float``, ``MeshLayout``, ...)."""
+    return type(value).__name__
 
 
 def as_int(value: Any, field: str) -> int:
     """``value`` as an ``int``: anything with ``__index__`` except ``bool``."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(
             f"{field} must be an int, got bool {value!r}; write the number itself", field=field, value=value
         )
@@ -42,7 +86,7 @@ def as_int(value: Any, field: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ArgumentTypeError(
-            f"{field} must be an int, got {type(value).__name__} {value!r}", field=field, value=value
+            f"{field} must be an int, got {type_name(value)} {value!r}", field=field, value=value
         ) from None
 
 
@@ -61,8 +105,76 @@ def as_rank(value: Any, world_size: int, field: str = "rank") -> int:
     r = as_int(value, field)
     if not 0 <= r < world_size:
         raise RankOutOfRangeError(
-            f"{field} = {r} is out of range for a world of {world_size} ranks; valid ranks are 0..{world_size}",
+            f"{field} = {r} is out of range for a world of {world_size} ranks; valid ranks are 0..{world_size - 1}",
             field=field,
             value=r,
         )
     return r
+
+
+def as_u64(value: Any, field: str = "fingerprint") -> int:
+    """``value`` as an unsigned 64-bit integer (a fingerprint): an int in ``0 .. 2**64 - 1``."""
+    v = as_int(value, field)
+    if not 0 <= v <= _U64_MAX:
+        raise LayoutOverflowError(
+            f"{field} = {v} does not fit in an unsigned 64-bit integer (0 .. 2**64 - 1); pass the "
+            "value of a rankmesh fingerprint (e.g. layout.fingerprint()) unchanged",
+            field=field,
+            value=v,
+        )
+    return v
+
+
+def as_timeout(value: Any, field: str = "timeout") -> datetime.timedelta:
+    """``value`` (seconds as an int or float, or a ``datetime.timedelta``) as a ``timedelta``
+    of at least 1 ms, finite and representable. A ``timedelta`` comes back unchanged."""
+    if isinstance(value, datetime.timedelta):
+        seconds: float = value.total_seconds()
+        td: datetime.timedelta | None = value
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond float's range
+            seconds = math.inf
+        td = None
+    else:
+        raise ArgumentTypeError(
+            f"{field} must be a number of seconds (int or float) or a datetime.timedelta, got "
+            f"{type_name(value)} {value!r}",
+            field=field,
+            value=value,
+        )
+    if td is None and math.isfinite(seconds) and seconds > 0:
+        try:
+            td = datetime.timedelta(seconds=seconds)
+        except OverflowError:
+            td = None
+    if td is None or td < _MIN_TIMEOUT:
+        raise InvalidTimeoutError(
+            f"{field} must be a finite number of seconds >= 0.001, got {value!r}; pass e.g. 300 (seconds) "
+            "or datetime.timedelta(minutes=5) (at most datetime.timedelta.max)",
+            field=field,
+            value=value,
+        )
+    return td
+
+
+def as_bool(value: Any, field: str) -> bool:
+    """``value`` as a ``bool``: only ``True``/``False`` (or numpy's), never a truthy object."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ArgumentTypeError(
+        f"{field} must be True or False, got {type_name(value)} {value!r}", field=field, value=value
+    )
+
+
+def as_layout(value: Any, field: str) -> MeshLayout:
+    """``value`` if it is a :class:`~rankmesh.MeshLayout`, else :class:`ArgumentTypeError`."""
+    if isinstance(value, MeshLayout):
+        return value
+    raise ArgumentTypeError(
+        f"{field} must be a rankmesh.MeshLayout, got {type_name(value)}; build one with "
+        "MeshLayout.world(world_size) and derive from it (unflatten, slicing, flatten)",
+        field=field,
+        value=value,
+    )

@@ -43,6 +43,7 @@ __all__ = [
     "DistributedStateError",
     "ConfigMismatchError",
     "ConsistencyTimeoutError",
+    "InvalidTimeoutError",
     "ParallelDimsError",
     "MegatronConfigError",
     "MegatronStateError",
@@ -148,7 +149,9 @@ class InvalidLayoutError(RankmeshError):
 class MeshArgumentError(RankmeshError, RuntimeError):
     """An argument of :func:`rankmesh.init_device_mesh` or a mesh derivation that torch rejects
     with a ``RuntimeError`` (a device type with an index, a ``backend_override`` key that names
-    no dim) or that is of the wrong type. Also a ``RuntimeError``."""
+    no dim, a mesh without dim names to flatten or unflatten). Also a ``RuntimeError``. An
+    argument of the wrong type (a float size, a name that is not a str) is an
+    :class:`ArgumentTypeError` instead (see :mod:`rankmesh._check`)."""
 
 
 class ArgumentTypeError(RankmeshError, TypeError):
@@ -213,6 +216,12 @@ class ConfigMismatchError(RankmeshError, RuntimeError):
 class ConsistencyTimeoutError(ConfigMismatchError, TimeoutError):
     """Not every rank reached the consistency check in time: a rank crashed, is stuck, or runs a
     different code path (e.g. failed validation of its own, different, configuration)."""
+
+
+class InvalidTimeoutError(RankmeshError):
+    """A timeout that is not a usable duration: zero, negative, below c10d's 1 ms resolution,
+    NaN, infinite or beyond ``datetime.timedelta.max`` (``value`` is the timeout as given). A
+    timeout of the wrong type (a string, a bool) is an :class:`ArgumentTypeError`."""
 
 
 class ParallelDimsError(RankmeshError, AssertionError):
