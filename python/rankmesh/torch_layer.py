@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +41,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, as_u64, type_name
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, serves_default
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError, DistributedStateError
+from rankmesh.errors import (
+    ArgumentTypeError,
+    ConfigMismatchError,
+    ConsistencyTimeoutError,
+    DistributedStateError,
+)
 
 __all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
 
@@ -147,8 +153,11 @@ class MeshBuilder:
     def __init__(
         self, world: MeshLayout, *, device_type: str = "cpu", rank: int | None = None, size_one_fake: bool = True
     ) -> None:
-        if not isinstance(world, MeshLayout):
-            raise TypeError(f"world must be a rankmesh.MeshLayout, got {type(world).__name__}")
+        as_layout(world, "world")
+        _check_str(device_type, "device_type")
+        size_one_fake = as_bool(size_one_fake, "size_one_fake")
+        if rank is not None:
+            rank = as_int(rank, "rank")
         require_default_group("building meshes")
         world_size = dist.get_world_size()
         if world_size != world.world_size:
@@ -159,7 +168,7 @@ class MeshBuilder:
                 value=world.world_size,
             )
         my_rank = dist.get_rank()
-        if rank is not None and int(rank) != my_rank:
+        if rank is not None and rank != my_rank:
             raise DistributedStateError(
                 f"rank = {rank} but this process is rank {my_rank} of the default group; groups "
                 "can only be created for the calling process, so leave rank unset",
@@ -168,7 +177,7 @@ class MeshBuilder:
             )
         self._world = world
         self._device_type = device_type
-        self._size_one_fake = bool(size_one_fake)
+        self._size_one_fake = size_one_fake
         self._rank = my_rank
         self._world_size = world_size
         self._default = dist.group.WORLD
@@ -219,16 +228,22 @@ class MeshBuilder:
         """This rank's process group in ``dim`` of ``layout``.
 
         ``fake=True`` (or a dim of size 1, unless the builder has ``size_one_fake=False``) gives
-        a group on the ``fake`` backend, which never communicates. ``backend`` / ``pg_options`` override the backend as torch's
-        ``backend_override`` does. A world-sized dim without an override gives the default group.
+        a group on the ``fake`` backend, which never communicates. ``backend`` / ``pg_options``
+        override the backend as torch's ``backend_override`` does. A world-sized dim without an
+        override gives the default group.
         Otherwise the group is created once per distinct partition of the world (keyed on the
         dim's modes, backend, options, ``timeout`` and ``tag``) and shared by every later dim with
         the same key. A ``tag`` asks for a communicator of its own even when another dim has the
         same partition; ``group_desc`` names a new group (default ``mesh_<dim name>``).
+        ``timeout`` is a ``datetime.timedelta`` or seconds (see :func:`rankmesh._check.as_timeout`).
         """
         self._check_layout(layout)
-        size = int(layout.size(dim))
+        if not isinstance(dim, str):
+            dim = as_int(dim, "dim")
+        size = int(layout.size(dim))  # raises DimOutOfRangeError / UnknownNameError
         name = layout.names[dim] if isinstance(dim, int) else dim
+        fake = as_bool(fake, "fake")
+        backend, timeout = _check_group_args(backend, timeout, group_desc, tag)
         c = self._counters
         c.dims += 1
         key = group_key(
@@ -281,19 +296,21 @@ class MeshBuilder:
         of the whole world without overrides or tag is the default group; a one-rank group is a
         real group on its backend (never ``fake``: on the split path every rank must split).
         """
+        _check_str(name, "name")
+        try:
+            hash(partition)
+        except TypeError:
+            raise ArgumentTypeError(
+                f"partition must be hashable (e.g. a str or a tuple), got {type_name(partition)} {partition!r}",
+                field="partition",
+                value=partition,
+            ) from None
+        backend, timeout = _check_group_args(backend, timeout, group_desc, tag)
+        ranks = None if members is None else self._members(members, name)
         self._counters.dims += 1
         options_id = None if pg_options is None else id(pg_options)
         key = extend_key((("subset", partition), backend, options_id), timeout, tag)
-        ranks: list[int] | None = None
-        if members is not None:
-            ranks = sorted(int(r) for r in members)
-            if self._rank not in ranks or len(set(ranks)) != len(ranks) or not 0 <= ranks[0] <= ranks[-1] < self._world_size:
-                raise DistributedStateError(
-                    f"members of {name!r} must be distinct ranks of the world that include this rank "
-                    f"({self._rank}); got {ranks[:8]}{'...' if len(ranks) > 8 else ''}",
-                    field="members",
-                    value=ranks[:8],
-                )
+        if ranks is not None:
             if serves_default(len(ranks), self._world_size, backend=backend, options_id=options_id, tag=tag):
                 key = DEFAULT  # every rank is a member, so every rank takes this branch
         pg = self._existing(key)
@@ -317,15 +334,23 @@ class MeshBuilder:
         """
         self._check_layout(layout)
         names = tuple(layout.names)
+        if isinstance(fake_dims, str) or not isinstance(fake_dims, Iterable):
+            raise ArgumentTypeError(
+                f"fake_dims must be a sequence of dim names or indices, got {type_name(fake_dims)} {fake_dims!r}"
+                + (f"; write ({fake_dims!r},)" if isinstance(fake_dims, str) else ""),
+                field="fake_dims",
+                value=fake_dims,
+            )
         fake_idx = set()
-        for d in fake_dims:
+        for i, d in enumerate(fake_dims):
             if isinstance(d, str):
                 if d not in names:
                     layout.size(d)  # raises rankmesh's UnknownNameError with the valid names
                 fake_idx.add(names.index(d))
             else:
+                d = as_int(d, f"fake_dims[{i}]")
                 layout.size(d)  # raises DimOutOfRangeError
-                fake_idx.add(int(d) % len(names))
+                fake_idx.add(d % len(names))
         from rankmesh import _torch_compat
 
         if _torch_compat.fast_meshes_available():
@@ -412,7 +437,9 @@ class MeshBuilder:
                 placeholder = dist.distributed_c10d._world.group_count == count
             if placeholder:
                 self._ensure_fake_backend()
-                dist.new_group([self._rank], backend=FAKE, use_local_synchronization=True, group_desc=f"{desc}_placeholder")
+                dist.new_group(
+                    [self._rank], backend=FAKE, use_local_synchronization=True, group_desc=f"{desc}_placeholder"
+                )
                 c.fake += 1
                 c.groups.append((str(name), "placeholder", 1))
             self._groups[key] = None
@@ -444,11 +471,36 @@ class MeshBuilder:
         c.groups.append((str(name), str(label), len(ranks)))
         return pg
 
+    def _members(self, members: Any, name: str) -> list[int]:
+        """``members`` of a subset group: distinct ranks of the world, this rank among them; sorted."""
+        if isinstance(members, (str, bytes)) or not isinstance(members, Iterable):
+            raise ArgumentTypeError(
+                f"members of {name!r} must be a sequence of ranks (or None), got {type_name(members)} {members!r}",
+                field="members",
+                value=members,
+            )
+        ranks = sorted(as_rank(r, self._world_size, f"members[{i}]") for i, r in enumerate(members))
+        for a, b in zip(ranks, ranks[1:]):
+            if a == b:
+                raise DistributedStateError(
+                    f"members of {name!r} list rank {a} twice; give each rank of the group once",
+                    field="members",
+                    value=members,
+                )
+        if self._rank not in ranks:
+            raise DistributedStateError(
+                f"members of {name!r} must include this rank ({self._rank}), got "
+                f"{ranks[:8]}{'...' if len(ranks) > 8 else ''}; pass this rank's own group, or None "
+                "when this rank is in none of the partition's groups",
+                field="members",
+                value=members,
+            )
+        return ranks
+
     def _check_layout(self, layout: MeshLayout) -> None:
-        if layout in self._known:
+        if isinstance(layout, MeshLayout) and layout in self._known:
             return
-        if not isinstance(layout, MeshLayout):
-            raise TypeError(f"layout must be a rankmesh.MeshLayout, got {type(layout).__name__}")
+        as_layout(layout, "layout")
         same = layout.world_size == self._world.world_size
         if same:
             mine, theirs = self._world.rank_map(), layout.rank_map()
@@ -480,8 +532,30 @@ def require_default_group(what: str) -> None:
             "torch.distributed's default process group is not initialised; call "
             f"torch.distributed.init_process_group(...) (torchrun sets the environment) before {what}",
             field="default_group",
-            value="None",
+            value=None,
         )
+
+
+def _check_str(value: Any, field: str, *, optional: bool = False) -> None:
+    """``value`` must be a ``str`` (or ``None`` when ``optional``)."""
+    if isinstance(value, str) or (optional and value is None):
+        return
+    raise ArgumentTypeError(
+        f"{field} must be a str{' or None' if optional else ''}, got {type_name(value)} {value!r}",
+        field=field,
+        value=value,
+    )
+
+
+def _check_group_args(
+    backend: Any, timeout: Any, group_desc: Any, tag: Any
+) -> tuple[str | None, datetime.timedelta | None]:
+    """The optional arguments of a process group: ``backend``, ``group_desc`` and ``tag`` are
+    str or None; ``timeout`` None, seconds or a timedelta (returned as a timedelta)."""
+    _check_str(backend, "backend", optional=True)
+    _check_str(group_desc, "group_desc", optional=True)
+    _check_str(tag, "tag", optional=True)
+    return backend, None if timeout is None else as_timeout(timeout, "timeout")
 
 
 @contextlib.contextmanager
@@ -514,7 +588,6 @@ def _narrowed_parent_ranks(parent: dist.ProcessGroup, ranks: list[int], world_si
 # -- consistency check -------------------------------------------------------------------------
 
 _TWO63 = 1 << 63
-_MASK64 = (1 << 64) - 1
 
 
 def _to_i64(fp: int) -> int:
@@ -575,19 +648,39 @@ def check_consistency(
     how many ranks hold the extremes and one rank of each, and every rank raises
     :class:`~rankmesh.errors.ConfigMismatchError` naming its fingerprint and the others',
     instead of hanging later in a group creation or collective that only some ranks enter.
-    If not every rank enters within ``timeout`` (seconds or a timedelta), raises
+    If not every rank enters within ``timeout``, raises
     :class:`~rankmesh.errors.ConsistencyTimeoutError` (a ``ConfigMismatchError``). After a
     timeout the group may be unusable: treat it as fatal.
+
+    The arguments are checked before any communication, so a malformed one fails on the rank
+    that passed it and names it, instead of surfacing as a timeout blamed on the other ranks:
+
+    - ``fingerprint``: an integer (``__index__``, not a bool, float or str: two ranks holding
+      1.5 and 1.9 must not "agree") in ``0 .. 2**64 - 1``; else
+      :class:`~rankmesh.errors.ArgumentTypeError` or :class:`~rankmesh.errors.LayoutOverflowError`;
+    - ``timeout``: seconds (int or float) or a ``datetime.timedelta``, finite and at least 1 ms;
+      else :class:`~rankmesh.errors.ArgumentTypeError` (a str, a bool) or
+      :class:`~rankmesh.errors.InvalidTimeoutError` (zero, negative, NaN, infinite);
+    - ``group``: ``None`` or a ``ProcessGroup`` this rank belongs to; else
+      :class:`~rankmesh.errors.ArgumentTypeError`.
 
     Use e.g. ``layout.fingerprint()`` or ``ParallelDims(...).fingerprint``; call it on every
     rank, before building meshes.
     """
+    fp = as_u64(fingerprint, "fingerprint")
+    timeout = as_timeout(timeout, "timeout")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        outside = group is dist.GroupMember.NON_GROUP_MEMBER
+        raise ArgumentTypeError(
+            "group is GroupMember.NON_GROUP_MEMBER: this rank is not in the group; call check_consistency "
+            "only on the group's members"
+            if outside
+            else f"group must be a torch.distributed.ProcessGroup or None (the world), got {type_name(group)} "
+            f"{group!r}",
+            field="group",
+            value=group,
+        )
     require_default_group("check_consistency")
-    fp = int(fingerprint)
-    if not 0 <= fp <= _MASK64:
-        raise ValueError(f"fingerprint must be an unsigned 64-bit integer, got {fingerprint!r}")
-    if not isinstance(timeout, datetime.timedelta):
-        timeout = datetime.timedelta(seconds=float(timeout))
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     device = _collective_device(pg)
     v = _to_i64(fp)
@@ -621,7 +714,7 @@ def check_consistency(
         "meshes: give all ranks the same parallelism degrees, world size and rank map (same "
         "command line, config files and environment), then restart the job",
         field="fingerprint",
-        value=f"{fp:#018x}",
+        value=fp,
         fingerprint=fp,
         min_fingerprint=fmin,
         max_fingerprint=fmax,
