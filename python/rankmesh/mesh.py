@@ -45,16 +45,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend  # as torch's device_mesh imports it
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
 
 from rankmesh import _torch_compat as compat
+from rankmesh._check import as_bool, as_int, as_layout, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
+    ArgumentTypeError,
     DimOutOfRangeError,
     DuplicateNameError,
     InternalError,
-    InvalidSizeError,
     MeshArgumentError,
     RankmeshError,
     SizeMismatchError,
@@ -66,6 +68,7 @@ from rankmesh.torch_layer import FAKE, BuildReport, MeshBuilder
 __all__ = ["FastDeviceMesh", "init_device_mesh"]
 
 BackendConfig = tuple[Any, Any]
+_C10dOptions = _C10dBackend.Options
 _NO_OVERRIDE: BackendConfig = (None, None)
 
 
@@ -87,8 +90,8 @@ class _World:
     layout, this rank, the process-group builder, and the lazily made world-sized objects."""
 
     def __init__(self, layout: MeshLayout, rank: int, builder: MeshBuilder | None) -> None:
-        self.layout = layout
-        self.rank = rank
+        self.layout = as_layout(layout, "layout")
+        self.rank = as_int(rank, "rank")
         self.builder = builder
         self._rank_map: torch.Tensor | None = None
         self._flat: tuple[int, ...] | None = None
@@ -162,15 +165,30 @@ def _check_agree(rm: MeshLayout, tl: _MeshLayout) -> None:
         )
 
 
-def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        raise MeshArgumentError(
-            f"{field} must be a tuple of names, got the string {value!r}; write ({value!r},)", field=field, value=value
+def _as_tuple(value: Any, field: str, what: str) -> tuple[Any, ...]:
+    """``value`` (any iterable but a str or bytes) as a tuple; else :class:`ArgumentTypeError`."""
+    if isinstance(value, (str, bytes)):
+        hint = f"; write ({value!r},)" if isinstance(value, str) else ""
+        raise ArgumentTypeError(
+            f"{field} must be a tuple of {what}, got the {type_name(value)} {value!r}{hint}",
+            field=field,
+            value=value,
         )
-    names = tuple(value)
-    for n in names:
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ArgumentTypeError(
+            f"{field} must be a tuple of {what}, got {type_name(value)} {value!r}", field=field, value=value
+        ) from None
+
+
+def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
+    names = _as_tuple(value, field, "names")
+    for i, n in enumerate(names):
         if not isinstance(n, str):
-            raise MeshArgumentError(f"{field} must hold str names, got {n!r}", field=field, value=value)
+            raise ArgumentTypeError(
+                f"{field}[{i}] must be a str name, got {type_name(n)} {n!r}", field=f"{field}[{i}]", value=n
+            )
     seen: set[str] = set()
     for n in names:
         if n in seen:
@@ -184,42 +202,74 @@ def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
     return names
 
 
-def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
-    import operator
+def _check_name(value: Any, field: str) -> None:
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{field} must be a str, got {type_name(value)} {value!r}", field=field, value=value)
 
-    out = []
-    for i, s in enumerate(tuple(value)):
-        if isinstance(s, bool):
-            raise MeshArgumentError(f"{field}[{i}] must be an int, got {s!r}", field=f"{field}[{i}]", value=s)
-        try:
-            v = operator.index(s)
-        except TypeError:
-            raise MeshArgumentError(
-                f"{field}[{i}] must be an int, got {s!r} ({type(s).__name__})", field=f"{field}[{i}]", value=s
-            ) from None
-        if v <= 0:
-            raise InvalidSizeError(
-                f"{field}[{i}] must be a positive integer, got {v}; every mesh dimension needs at least one rank",
-                field=f"{field}[{i}]",
-                value=v,
-            )
-        out.append(v)
-    return tuple(out)
+
+def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
+    """Mesh sizes: each an int >= 1 by :mod:`rankmesh._check`'s rule (no bool, float or str)."""
+    sizes = _as_tuple(value, field, "sizes")
+    hint = "; every mesh dimension needs at least one rank"
+    return tuple(positive_int(s, f"{field}[{i}]", hint=hint) for i, s in enumerate(sizes))
+
+
+def _backend_config(value: Any, field: str) -> BackendConfig:
+    """One dim's override as torch takes it (a backend name, ``Backend.Options``, or a
+    ``(name, options)`` pair), as torch's ``(backend, options)`` pair."""
+    if isinstance(value, str):
+        return (value, None)
+    if isinstance(value, _C10dOptions):
+        return (None, value)
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], (str, type(None)))
+        and isinstance(value[1], (_C10dOptions, type(None)))
+    ):
+        return value
+    raise ArgumentTypeError(
+        f"{field} must be a backend name (e.g. 'gloo', 'fake'), a Backend.Options, or a (name, options) "
+        f"pair, got {type_name(value)} {value!r}",
+        field=field,
+        value=value,
+    )
 
 
 def _normalize_overrides(
     backend_override: Mapping[Any, Any] | None, ndim: int, names: tuple[str, ...] | None
 ) -> tuple[BackendConfig, ...]:
-    """torch's ``_normalize_backend_override`` (same rules and errors), with rankmesh's class."""
+    """torch's ``_normalize_backend_override`` (same rules and errors), with rankmesh's classes:
+    a key that is neither a name nor an int (a bool or float would alias an index) or a value
+    that is not a backend is an :class:`ArgumentTypeError`; a key naming no dim, or a dim named
+    twice, a :class:`MeshArgumentError` (torch's ``RuntimeError``)."""
     if backend_override is None:
         return (_NO_OVERRIDE,) * ndim
+    if not isinstance(backend_override, Mapping):
+        raise ArgumentTypeError(
+            f"backend_override must be a mapping of dim (name or index) -> backend, got "
+            f"{type_name(backend_override)} {backend_override!r}",
+            field="backend_override",
+            value=backend_override,
+        )
+    checked = {}
+    for k, v in backend_override.items():
+        if not isinstance(k, str):
+            if isinstance(k, bool) or not hasattr(k, "__index__"):
+                raise ArgumentTypeError(
+                    f"backend_override keys must be dim names (str) or indices (int), got {type_name(k)} {k!r}",
+                    field="backend_override",
+                    value=k,
+                )
+            k = as_int(k, "backend_override")
+        checked[k] = _backend_config(v, f"backend_override[{k!r}]")
     try:
-        return tuple(_normalize_backend_override(dict(backend_override), ndim, names))
+        return tuple(_normalize_backend_override(checked, ndim, names))
     except RuntimeError as e:
         raise MeshArgumentError(
             f"{e}; name each overridden dim by one of its names {list(names or ())} or its index",
             field="backend_override",
-            value=dict(backend_override),
+            value=backend_override,
         ) from e
 
 
@@ -371,6 +421,10 @@ class FastDeviceMesh(DeviceMesh):
     def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:  # type: ignore[override]
         own = self._mesh_dim_names
         names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else mesh_dim_names
+        if not isinstance(names, tuple):
+            _names_tuple(names, "mesh_dim_names")  # torch takes any iterable of str names
+        elif any(not isinstance(n, str) for n in names):
+            _names_tuple(names, "mesh_dim_names")
         if own and isinstance(names, tuple):
             if names == own:
                 return self
@@ -406,10 +460,10 @@ class FastDeviceMesh(DeviceMesh):
         )
 
     def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
-        if not isinstance(mesh_dim_name, str):
-            raise MeshArgumentError(
-                f"mesh_dim_name must be a str, got {mesh_dim_name!r}", field="mesh_dim_name", value=mesh_dim_name
-            )
+        # torch's _flatten (inlined by torch.compile, so not overridden) passes its arguments here
+        # unchecked: a name that is not a str, an override that is no backend.
+        _check_name(mesh_dim_name, "mesh_dim_name")
+        backend_override = _backend_config(backend_override, "backend_override")
         root = self._get_root_mesh()
         taken = tuple(root._mesh_dim_names or ())
         if mesh_dim_name in taken:
@@ -449,7 +503,7 @@ class FastDeviceMesh(DeviceMesh):
                 "Cannot unflatten a DeviceMesh without mesh_dim_names; pass mesh_dim_names to "
                 "init_device_mesh",
                 field="mesh_dim_names",
-                value="None",
+                value=None,
             )
         own = tuple(self._mesh_dim_names)
         if isinstance(dim, str):
@@ -460,13 +514,15 @@ class FastDeviceMesh(DeviceMesh):
                     value=dim,
                 )
             dim = own.index(dim)
-        elif isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < self.ndim:
-            raise DimOutOfRangeError(
-                f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}; valid dims are "
-                f"0..{self.ndim - 1} or the names {own}",
-                field="dim",
-                value=dim,
-            )
+        else:
+            dim = as_int(dim, "dim")
+            if not 0 <= dim < self.ndim:
+                raise DimOutOfRangeError(
+                    f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}; valid dims are "
+                    f"0..{self.ndim - 1} or the names {own}",
+                    field="dim",
+                    value=dim,
+                )
         sizes = _sizes_tuple(mesh_sizes, "mesh_sizes")
         names = _names_tuple(mesh_dim_names, "mesh_dim_names")
         if len(sizes) != len(names):
@@ -572,7 +628,13 @@ def init_device_mesh(
         ([4, 5, 6, 7], [2, 6], (1, 2))
         >>> dist.destroy_process_group()
     """
-    if not isinstance(device_type, str) or (device_type and not device_type.isalpha()):
+    if not isinstance(device_type, str):
+        raise ArgumentTypeError(
+            f"device_type must be a str such as 'cuda' or 'cpu', got {type_name(device_type)} {device_type!r}",
+            field="device_type",
+            value=device_type,
+        )
+    if device_type and not device_type.isalpha():
         raise MeshArgumentError(
             f"Device type with index is not supported but got {device_type!r}; pass the type only, "
             "e.g. 'cuda' (torch.device(...).type)",
@@ -591,6 +653,7 @@ def init_device_mesh(
             value=names,
         )
     overrides = _normalize_overrides(backend_override, len(shape), names)
+    size_one_fake = as_bool(size_one_fake, "size_one_fake")
 
     if not dist.is_initialized():
         dist.init_process_group()
