@@ -31,8 +31,8 @@ when the launcher numbered ranks otherwise.
 
 from __future__ import annotations
 
-import operator
 import os
+import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from rankmesh._check import as_bool, as_layout, as_rank, positive_int, type_name
 from rankmesh._native import MeshLayout
-from rankmesh.errors import InvalidSizeError, TopologyError
+from rankmesh.errors import ArgumentTypeError, TopologyError
 
 __all__ = [
     "BANDWIDTH_HUNGRY",
@@ -61,34 +62,50 @@ BANDWIDTH_HUNGRY: dict[str, tuple[str, ...]] = {
 }
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
 def gpus_per_node_from_env() -> int | None:
-    """``LOCAL_WORLD_SIZE`` (set by torchrun) as an int, or None when unset."""
+    """``LOCAL_WORLD_SIZE`` (set by torchrun) as an int, or None when unset.
+
+    The one reader of ``LOCAL_WORLD_SIZE`` in rankmesh. The value must be what torchrun writes:
+    ASCII digits only, at least 1. Anything else (``""``, ``"abc"``, ``"1.5"``, ``"0"``,
+    ``"-3"``, and ``" 8 "``: nothing is trimmed, since torchrun never writes spaces and a
+    hand-set value with them is a typo to fix rather than guess at) raises
+    :class:`~rankmesh.TopologyError` with ``field="LOCAL_WORLD_SIZE"`` and the raw string as
+    ``value``."""
     v = os.environ.get("LOCAL_WORLD_SIZE")
-    if v is None or not v.strip():
+    if v is None:
         return None
-    try:
-        n = int(v)
-    except ValueError:
+    if not _DIGITS.fullmatch(v) or int(v) < 1:
         raise TopologyError(
-            f"LOCAL_WORLD_SIZE={v!r} is not an integer; unset it or pass gpus_per_node", field="LOCAL_WORLD_SIZE", value=v
-        ) from None
-    if n < 1:
-        raise TopologyError(f"LOCAL_WORLD_SIZE={n} must be >= 1", field="LOCAL_WORLD_SIZE", value=v)
-    return n
+            f"LOCAL_WORLD_SIZE={v!r} is not a whole number of ranks per node >= 1 (digits only, no "
+            "spaces or signs); set it to the processes per node (torchrun does), unset it, or pass "
+            "gpus_per_node",
+            field="LOCAL_WORLD_SIZE",
+            value=v,
+        )
+    return int(v)
 
 
 def _hosts_index(hostnames: Sequence[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
     """(host index of every rank, hosts in order of first appearance, ranks per host)."""
-    if isinstance(hostnames, str):
-        raise TypeError("hostnames must be a sequence with one host name per rank, not one str")
+    if isinstance(hostnames, (str, bytes)) or not isinstance(hostnames, Iterable):
+        raise ArgumentTypeError(
+            f"hostnames must be a sequence with one host name per rank, got {type_name(hostnames)} {hostnames!r}",
+            field="hostnames",
+            value=hostnames,
+        )
     hosts = list(hostnames)
     if not hosts:
-        raise TopologyError("hostnames is empty; give one host name per rank", field="hostnames", value="[]")
+        raise TopologyError("hostnames is empty; give one host name per rank", field="hostnames", value=hostnames)
     index: dict[str, int] = {}
     node = np.empty(len(hosts), dtype=np.int32)
     for r, h in enumerate(hosts):
         if not isinstance(h, str):
-            raise TypeError(f"hostnames[{r}] must be a str, got {type(h).__name__}")
+            raise ArgumentTypeError(
+                f"hostnames[{r}] must be a str host name, got {type_name(h)} {h!r}", field=f"hostnames[{r}]", value=h
+            )
         node[r] = index.setdefault(h, len(index))
     counts = np.bincount(node, minlength=len(index))
     if counts.min() != counts.max():
@@ -99,7 +116,7 @@ def _hosts_index(hostnames: Sequence[str]) -> tuple[np.ndarray, list[str], np.nd
             f"hosts hold different numbers of ranks ({detail}{more}); a mesh needs the same number "
             "of ranks on every host: launch the same number of processes per node",
             field="hostnames",
-            value=f"{int(counts.min())}..{int(counts.max())} ranks per host",
+            value=hostnames,
         )
     return node, list(index), counts
 
@@ -239,11 +256,27 @@ class TopologyReport:
 
 
 def _hungry_names(hungry: Iterable[str]) -> set[str]:
+    if isinstance(hungry, (str, bytes)) or not isinstance(hungry, Iterable):
+        hint = f"; write ({hungry!r},)" if isinstance(hungry, str) else ""
+        raise ArgumentTypeError(
+            f"strict_dims must be a sequence of family names ({', '.join(BANDWIDTH_HUNGRY)}), got "
+            f"{type_name(hungry)} {hungry!r}{hint}",
+            field="strict_dims",
+            value=hungry,
+        )
     names = set(BANDWIDTH_HUNGRY["tp"])
-    for h in hungry:
+    for i, h in enumerate(hungry):
+        if not isinstance(h, str):
+            raise ArgumentTypeError(
+                f"strict_dims[{i}] must be a family name ({', '.join(BANDWIDTH_HUNGRY)}), got {type_name(h)} {h!r}",
+                field=f"strict_dims[{i}]",
+                value=h,
+            )
         if h not in BANDWIDTH_HUNGRY:
             raise TopologyError(
-                f"unknown bandwidth-hungry family {h!r}; choose from {', '.join(BANDWIDTH_HUNGRY)}", field="strict_dims", value=h
+                f"unknown bandwidth-hungry family {h!r}; choose from {', '.join(BANDWIDTH_HUNGRY)}",
+                field="strict_dims",
+                value=h,
             )
         names.update(BANDWIDTH_HUNGRY[h])
     return names
@@ -258,11 +291,18 @@ def _as_meshes(meshes: Any) -> dict[str, MeshLayout]:
     if isinstance(meshes, Mapping):
         out = {}
         for k, v in meshes.items():
-            if not isinstance(v, MeshLayout):
-                raise TypeError(f"meshes[{k!r}] must be a MeshLayout, got {type(v).__name__}")
-            out[str(k)] = v
+            if not isinstance(k, str):
+                raise ArgumentTypeError(
+                    f"meshes must be keyed by str labels, got the key {k!r} ({type_name(k)})", field="meshes", value=k
+                )
+            out[k] = as_layout(v, f"meshes[{k!r}]")
         return out
-    raise TypeError(f"meshes must be a MeshLayout or a mapping of name -> MeshLayout, got {type(meshes).__name__}")
+    raise ArgumentTypeError(
+        f"meshes must be a MeshLayout, a mapping of label -> MeshLayout, or an object with a .layout "
+        f"(e.g. a SingleMesh), got {type_name(meshes)}",
+        field="meshes",
+        value=meshes,
+    )
 
 
 def _nodes_spanned(node_rows: np.ndarray) -> np.ndarray:
@@ -299,21 +339,34 @@ def topology_report(
     """
     by_name = _as_meshes(meshes)
     if not by_name:
-        raise TopologyError("no mesh to report on", field="meshes", value="{}")
+        raise TopologyError("no mesh to report on; pass at least one layout", field="meshes", value=meshes)
     world_sizes = {m.world_size for m in by_name.values()}
     if len(world_sizes) != 1:
-        raise TopologyError(f"meshes over different worlds: sizes {sorted(world_sizes)}", field="meshes", value=sorted(world_sizes))
+        raise TopologyError(
+            f"meshes over different worlds: sizes {sorted(world_sizes)}; report on layouts derived from one world",
+            field="meshes",
+            value=meshes,
+        )
     world = world_sizes.pop()
+    rank = as_rank(rank, world)
+    if gpus_per_node is not None:
+        gpus_per_node = positive_int(gpus_per_node, "gpus_per_node")
+    whole_world = as_bool(whole_world, "whole_world")
+    strict = as_bool(strict, "strict")
     node_of: np.ndarray | None = None
     if hostnames is not None:
         node_of, gpn = node_of_rank_from_hosts(hostnames)
         if len(node_of) != world:
             raise TopologyError(
-                f"{len(node_of)} host names for a world of {world} ranks; give one per rank", field="hostnames", value=len(node_of)
+                f"{len(node_of)} host names for a world of {world} ranks; give one per rank",
+                field="hostnames",
+                value=hostnames,
             )
-        if gpus_per_node is not None and int(gpus_per_node) != gpn:
+        if gpus_per_node is not None and gpus_per_node != gpn:
             raise TopologyError(
-                f"gpus_per_node={gpus_per_node} but the hosts hold {gpn} ranks each", field="gpus_per_node", value=gpus_per_node
+                f"gpus_per_node={gpus_per_node} but the hosts hold {gpn} ranks each; pass one of them only",
+                field="gpus_per_node",
+                value=gpus_per_node,
             )
     else:
         if gpus_per_node is None:
@@ -322,11 +375,9 @@ def topology_report(
             raise TopologyError(
                 "gpus_per_node is unknown: pass gpus_per_node (or hostnames), or set LOCAL_WORLD_SIZE",
                 field="gpus_per_node",
-                value="None",
+                value=None,
             )
-        gpn = operator.index(gpus_per_node)
-        if gpn < 1:
-            raise InvalidSizeError(f"gpus_per_node must be >= 1, got {gpn}", field="gpus_per_node", value=gpn)
+        gpn = gpus_per_node
         if world % gpn:
             raise TopologyError(
                 f"a world of {world} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
@@ -334,7 +385,6 @@ def topology_report(
                 field="gpus_per_node",
                 value=gpn,
             )
-    rank = operator.index(rank)
     hungry = _hungry_names(strict_dims) if strict else set()
 
     def nodes(ranks: np.ndarray) -> np.ndarray:
@@ -360,10 +410,7 @@ def topology_report(
                     max_nodes=hi,
                 )
             )
-    my_node = int(nodes(np.asarray([rank]))[0]) if 0 <= rank < world else -1
-    if my_node < 0:
-        # MeshLayout.group raised already for a bad rank when there is a dim; keep the message
-        raise TopologyError(f"rank {rank} is outside the world of {world} ranks", field="rank", value=rank)
+    my_node = int(nodes(np.asarray([rank]))[0])
     report = TopologyReport(
         gpus_per_node=gpn,
         num_nodes=world // gpn,
