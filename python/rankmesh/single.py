@@ -29,14 +29,14 @@ and :func:`get_dp_info` take a :class:`~rankmesh.MeshLayout`, a :class:`SingleMe
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rankmesh._check import as_int, as_layout, as_rank, positive_int, type_name
 from rankmesh._native import MeshLayout
-from rankmesh.errors import InvalidSizeError, ParallelConfigError, SizeMismatchError
+from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError
 
 if TYPE_CHECKING:
     from rankmesh.torch_layer import MeshBuilder
@@ -58,18 +58,8 @@ DP_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard")
 
 
 def _degree(value: Any, field: str, *, allow_auto: bool = False) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{field} must be an int, got bool")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}") from None
-    if allow_auto and v == -1:
-        return v
-    if v < 1:
-        hint = " (or -1 to fill the rest of the world)" if allow_auto else ""
-        raise InvalidSizeError(f"{field} must be >= 1{hint}, got {v}", field=field, value=v)
-    return v
+    """A degree by :mod:`rankmesh._check`'s rule (an int >= 1; ``-1`` too where ``allow_auto``)."""
+    return positive_int(value, field, auto=-1 if allow_auto else None)
 
 
 @dataclass(frozen=True)
@@ -85,6 +75,9 @@ class SingleMesh:
     names: tuple[str, ...]
     shape: tuple[int, ...]
     layout: MeshLayout
+
+    def __post_init__(self) -> None:
+        as_layout(self.layout, "layout")
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -108,7 +101,15 @@ class SingleMesh:
 
     def device_mesh(self, builder: MeshBuilder, *, fake_dims: tuple[str, ...] = ()):
         """The caller's ``DeviceMesh`` of this layout, through the torch layer."""
-        return builder.device_mesh(self.layout, fake_dims=tuple(fake_dims))
+        from rankmesh.torch_layer import MeshBuilder
+
+        if not isinstance(builder, MeshBuilder):
+            raise ArgumentTypeError(
+                f"builder must be a rankmesh.MeshBuilder (e.g. from mesh_builder()), got {type_name(builder)}",
+                field="builder",
+                value=builder,
+            )
+        return builder.device_mesh(self.layout, fake_dims=fake_dims)
 
 
 def single_mesh(
@@ -153,7 +154,7 @@ def single_mesh(
                 f"world_size {world_size} is not divisible by pp*dp_replicate*ep*tp = {others}, so "
                 "dp_shard=-1 cannot fill the rest; change the degrees or the world size",
                 field="dp_shard",
-                value="-1",
+                value=-1,
             )
         deg["dp_shard"] = world_size // others
     total = others * deg["dp_shard"]
@@ -183,7 +184,12 @@ def _mesh_and_names(mesh: Any) -> tuple[Any, tuple[str, ...]]:
         return mesh, tuple(mesh.names)
     names = getattr(mesh, "mesh_dim_names", None)
     if names is None:
-        raise TypeError(f"expected a MeshLayout, SingleMesh or a DeviceMesh with dim names, got {type(mesh).__name__}")
+        raise ArgumentTypeError(
+            f"mesh must be a MeshLayout, a SingleMesh or a DeviceMesh with dim names, got {type_name(mesh)}"
+            + ("; pass mesh_dim_names when building it" if hasattr(mesh, "mesh_dim_names") else ""),
+            field="mesh",
+            value=mesh,
+        )
     return mesh, tuple(names)
 
 
@@ -225,8 +231,10 @@ def get_dp_info(mesh: Any, rank: int | None = None) -> tuple[int, int]:
     dp_rank, dp_size = 0, 1
     if isinstance(mesh, MeshLayout):
         if rank is None:
-            raise TypeError("get_dp_info(layout) needs the rank: get_dp_info(layout, rank=...)")
-        coord = mesh.coordinate_of(rank)
+            raise ArgumentTypeError(
+                "get_dp_info(layout) needs the rank: get_dp_info(layout, rank=...)", field="rank", value=None
+            )
+        coord = mesh.coordinate_of(as_rank(rank, mesh.world_size))
         for i, n in enumerate(names):
             if n in DP_DIMS:
                 size = mesh.size(i)
@@ -235,11 +243,21 @@ def get_dp_info(mesh: Any, rank: int | None = None) -> tuple[int, int]:
     if rank is not None:
         import torch.distributed as dist
 
-        if rank != dist.get_rank():
-            raise ValueError("a DeviceMesh answers for the calling rank only; use the MeshLayout for others")
+        if as_int(rank, "rank") != dist.get_rank():
+            raise DistributedStateError(
+                f"rank = {rank} but a DeviceMesh answers for the calling rank ({dist.get_rank()}) only; "
+                "leave rank unset, or pass the MeshLayout (mesh.layout) to ask about other ranks",
+                field="rank",
+                value=rank,
+            )
     coord = mesh.get_coordinate()
     if coord is None:  # the caller is not in this mesh
-        raise ValueError("the calling rank is not part of this DeviceMesh")
+        raise DistributedStateError(
+            "the calling rank is not part of this DeviceMesh; ask a mesh that holds it, or pass the "
+            "MeshLayout and a rank",
+            field="mesh",
+            value=mesh,
+        )
     for i, n in enumerate(names):
         if n in DP_DIMS:
             size = mesh.size(i)
