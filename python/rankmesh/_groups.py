@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankmesh._check import as_layout
 from rankmesh._native import MeshLayout
 
 __all__ = ["DEFAULT", "FAKE", "extend_key", "group_key", "serves_default"]
@@ -50,6 +51,7 @@ def group_key(
     ``None`` for the default backend, followed by ``(timeout, tag)`` when either is given.
     Dims with equal keys share one group. A world-sized dim with only a ``timeout`` is still
     served by the default group (which keeps its own timeout)."""
+    as_layout(layout, "layout")
     size = int(layout.size(dim))
     if not fake and serves_default(size, world_size, backend=backend, options_id=options_id, tag=tag):
         return DEFAULT
