@@ -18,6 +18,8 @@ groups without importing torch; :class:`rankmesh.MeshBuilder` creates them by th
     True
     >>> group_key(m, "dp", world_size=8, fake=True)[1]
     'fake'
+    >>> is_fake(group_key(m, "dp", world_size=8, fake=True)), is_fake(group_key(m, "dp", world_size=8))
+    (True, False)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from rankmesh._check import as_layout
 from rankmesh._native import MeshLayout
 
-__all__ = ["DEFAULT", "FAKE", "extend_key", "group_key", "serves_default"]
+__all__ = ["DEFAULT", "FAKE", "extend_key", "group_key", "is_fake", "serves_default"]
 
 FAKE = "fake"
 #: The key of dims served by the default (world) group.
@@ -58,6 +60,11 @@ def group_key(
     if fake or (size == 1 and size_one_fake):
         backend, options_id, timeout = FAKE, None, None
     return extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
+
+
+def is_fake(key: tuple[Any, ...]) -> bool:
+    """Whether a :func:`group_key` is that of a ``fake``-backend group."""
+    return key[1:2] == (FAKE,)
 
 
 def serves_default(

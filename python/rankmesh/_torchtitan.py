@@ -1,7 +1,9 @@
 """torchtitan's mesh definitions (its commit 183a0d2) as rankmesh layouts, without torch.
 
 One source for :class:`rankmesh.ParallelDims` (which turns them into DeviceMeshes) and for
-``rankmesh plan`` (which only prints them). ``rankmesh._stock`` keeps its own transcription on
+``rankmesh plan`` (which only prints them), the degree checks included: :func:`resolve_degrees`
+and :func:`check_sparse` raise ParallelDims' :class:`~rankmesh.errors.ParallelDimsError`, with
+its messages, without importing torch. ``rankmesh._stock`` keeps its own transcription on
 purpose: it is the independent oracle the tests compare these against.
 
     >>> deg = degrees(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2, etp=1)
@@ -12,11 +14,15 @@ purpose: it is the independent oracle the tests compare these against.
     (('pp', 'dp_replicate', 'fsdp', 'tp'), (1, 2, 2, 2))
     >>> sorted(fake_dims("dataloading", lay["dataloading"], ep=2))
     ['batch', 'cp', 'pp']
+    >>> resolve_degrees(dp_replicate=2, dp_shard=-1, cp=1, tp=2, pp=1, ep=2, etp=1, world_size=8)["dp_shard"]
+    2
 """
 
 from __future__ import annotations
 
+from rankmesh._check import as_int
 from rankmesh._native import MeshLayout
+from rankmesh.errors import ParallelDimsError
 
 #: torchtitan's global meshes, slowest dim first.
 GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
@@ -26,6 +32,82 @@ GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
 }
 #: torchtitan's name for the flattened (batch, cp) dim.
 LOSS_DIM_NAME = "loss_mesh"
+
+
+def resolve_degrees(
+    *, dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep: int, etp: int, world_size: int
+) -> dict[str, int]:
+    """ParallelDims' constructor checks (torchtitan's asserts): every degree >= 1 except
+    ``dp_shard``, which may be -1 (every rank the others leave); the degrees multiply to the
+    world; etp = tp or 1 when ep > 1. Returns the seven degrees with ``dp_shard`` resolved.
+    Raises :class:`~rankmesh.errors.ParallelDimsError` (integers by :mod:`rankmesh._check`)."""
+    deg = {
+        "dp_replicate": as_int(dp_replicate, "dp_replicate"),
+        "dp_shard": as_int(dp_shard, "dp_shard"),
+        "cp": as_int(cp, "cp"),
+        "tp": as_int(tp, "tp"),
+        "pp": as_int(pp, "pp"),
+        "ep": as_int(ep, "ep"),
+        "etp": as_int(etp, "etp"),
+    }
+    world_size = as_int(world_size, "world_size")
+    for name in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
+        d = deg[name]
+        if d < 1:
+            raise ParallelDimsError(
+                f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; "
+                "use 1 to disable a parallelism",
+                field=name,
+                value=d,
+            )
+    dp_replicate, dp_shard, cp, tp, pp, ep, etp = deg.values()
+    if not (dp_shard == -1 or dp_shard >= 1):
+        raise ParallelDimsError(
+            f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank "
+            "the other degrees leave",
+            field="dp_shard",
+            value=dp_shard,
+        )
+    if dp_shard < 0:
+        deg["dp_shard"] = dp_shard = world_size // (dp_replicate * cp * tp * pp)
+        if dp_shard < 1:
+            raise ParallelDimsError(
+                f"dp_shard = -1 leaves no rank for FSDP: world_size = {world_size} is "
+                f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}",
+                field="dp_shard",
+                value=-1,
+            )
+    product = dp_replicate * dp_shard * cp * tp * pp
+    if product != world_size:
+        raise ParallelDimsError(
+            f"Invalid parallel dims: dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * "
+            f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({world_size}); the degrees "
+            f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",
+            field="world_size",
+            value=world_size,
+        )
+    if ep > 1 and etp not in (tp, 1):
+        raise ParallelDimsError(
+            f"Currently we only support ETP=TP or ETP=1: etp = {etp} with tp = {tp} and "
+            f"ep = {ep}; set etp to 1 or to tp",
+            field="etp",
+            value=etp,
+        )
+    return deg
+
+
+def check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None:
+    """The check torchtitan does not make (ParallelDims runs it when it builds the meshes): ep *
+    etp must divide dp_shard * cp * tp, which the sparse mesh splits into efsdp x ep x etp."""
+    sparse = dp_shard * cp * tp
+    if sparse % (ep * etp) != 0:
+        raise ParallelDimsError(
+            f"ep * etp = {ep} * {etp} = {ep * etp} must divide dp_shard * cp * tp = "
+            f"{dp_shard} * {cp} * {tp} = {sparse}: the MoE (sparse) mesh splits those ranks "
+            f"into efsdp x ep x etp; choose ep (and etp) so that ep * etp divides {sparse}",
+            field="ep",
+            value=ep,
+        )
 
 
 def degrees(*, dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep: int, etp: int) -> dict[str, int]:
