@@ -13,17 +13,13 @@ from __future__ import annotations
 import argparse
 import time
 
-
-def _abbrev(ranks: list[int], keep: int = 4) -> str:
-    if len(ranks) <= 2 * keep:
-        return str(ranks)
-    head = ", ".join(map(str, ranks[:keep]))
-    tail = ", ".join(map(str, ranks[-keep:]))
-    return f"[{head}, ..., {tail}] ({len(ranks):,} ranks)"
+from rankmesh.plan import format_group
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rankmesh.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m rankmesh.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--world-size", type=int, default=131072)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--tp", type=int, default=8)
@@ -64,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
 
     dist.init_process_group("fake", rank=args.rank, world_size=args.world_size, store=FakeStore())
-    print(f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, torch {torch.__version__}, config {cfg}")
+    print(
+        f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, torch {torch.__version__}, "
+        f"config {cfg}"
+    )
     pgs0 = len(_world.pg_map)
     t0 = time.perf_counter()
     pd = ParallelDims(**cfg)
@@ -73,16 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     t_ours = time.perf_counter() - t0
     pgs_ours = len(_world.pg_map) - pgs0
 
-    print(f"\nresolved degrees: dp_replicate={pd.dp_replicate} dp_shard={pd.dp_shard} cp={pd.cp} tp={pd.tp} pp={pd.pp} ep={pd.ep} etp={pd.etp}")
+    print(
+        f"\nresolved degrees: dp_replicate={pd.dp_replicate} dp_shard={pd.dp_shard} cp={pd.cp} tp={pd.tp} "
+        f"pp={pd.pp} ep={pd.ep} etp={pd.etp}"
+    )
     print("\n1-D meshes of this rank (name: size -> ranks of its group):")
     for name, mesh in pd._meshes.items():
         ranks = mesh.mesh.flatten().tolist()
         state = "" if mesh.size() > 1 or name == "efsdp" and pd.ep > 1 else "  (disabled: fake backend)"
-        print(f"  {name:13s} {mesh.size():>7,}  {_abbrev(ranks)}{state}")
-    print(f"\nglobal meshes: {', '.join(f'{k}{tuple(m.mesh_dim_names)}={tuple(m.shape)}' for k, m in pd._global_meshes.items())}")
+        print(f"  {name:13s} {mesh.size():>7,}  {format_group(ranks)}{state}")
+    shapes = ", ".join(f"{k}{tuple(m.mesh_dim_names)}={tuple(m.shape)}" for k, m in pd._global_meshes.items())
+    print(f"\nglobal meshes: {shapes}")
     report = pd.build_report
     print(f"process groups created by rankmesh on this rank: {pgs_ours} ({report})")
-    print(f"meshes are real torch DeviceMesh objects: {all(isinstance(m, DeviceMesh) for m in ours.values() if m is not None)}")
+    real = all(isinstance(m, DeviceMesh) for m in ours.values() if m is not None)
+    print(f"meshes are real torch DeviceMesh objects: {real}")
     print(f"rankmesh: build_mesh() + fetching {len(requests)} meshes/combinations: {t_ours * 1e3:,.1f} ms")
 
     if args.no_stock:
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         if not same:
             mismatches.append(key)
     print(f"stock torch: {t_stock:,.2f} s, {pgs_stock} process groups on this rank")
-    print(f"identical meshes, coordinates and group ranks for all {len(requests)} requests: {'yes' if not mismatches else 'NO: ' + str(mismatches)}")
+    verdict = "yes" if not mismatches else f"NO: {mismatches}"
+    print(f"identical meshes, coordinates and group ranks for all {len(requests)} requests: {verdict}")
     print(f"\nspeed-up: {t_stock / t_ours:,.0f}x  ({t_stock:,.2f} s -> {t_ours * 1e3:,.1f} ms)")
     return 1 if mismatches else 0
 
