@@ -1,7 +1,8 @@
 """The ``rankmesh`` command: ``plan`` for the three conventions (in process), its process-group
-count (against brute-force partitions and against the torch layer's real build), pictures, a
-bad-input test for every flag (exit status 2 and a one-line fix), ``bench`` pass-through, and one
-``python -m rankmesh`` subprocess."""
+count (against brute-force partitions and against the torch layer's real build), pictures (and
+their failures: no matplotlib, a path that cannot be written), a bad-input test for every flag
+(exit status 2 and a one-line fix), the API's own error for every flag value the API refuses,
+``bench`` pass-through, and one ``python -m rankmesh`` subprocess."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import sys
 import numpy as np
 import pytest
 from rankmesh import MeshLayout
-from rankmesh.cli import PLAN_LIMIT, build_plan, count_process_groups, format_group, main
+from rankmesh._check import as_rank, positive_int
+from rankmesh.cli import PLAN_LIMIT, main
+from rankmesh.errors import RankmeshError
+from rankmesh.megatron import model_parallel_layout
+from rankmesh.plan import build_plan, count_process_groups, format_group
+from rankmesh.single import single_mesh
+from rankmesh.topology import gpus_per_node_from_env
 
 
 def run(capsys, *argv):
@@ -61,7 +68,7 @@ def test_plan_megatron(capsys):
     assert "expert   [pp=4, dp=16, ep=8, cp=1*, tp=8]" in out
     m = model_parallel_layout(4096, 8, 4, 2, 8)
     for name in m.group_names:
-        g = m.group(name, 1234)
+        g = m.group(rank=1234, name=name)
         if g is not None:
             assert f"  {name} " in out and format_group(np.sort(g)) in out, name
     assert "embd" in out and "rank 1234 holds no embd" in out
@@ -76,7 +83,8 @@ def test_plan_megatron_order_and_etp(capsys):
 
 
 def test_plan_single(capsys):
-    code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--convention", "single", "--rank", "13")
+    code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--convention", "single",
+                       "--rank", "13")  # fmt: skip
     assert code == 0
     assert "mesh  [pp=2, dp_shard=8, tp=4]" in out
     assert "mesh.tp        [12, 13, 14, 15] (4 ranks)" in out
@@ -93,6 +101,22 @@ def test_format_group():
     assert format_group(np.arange(0, 64, 8, dtype=np.int32)) == "[0, 8, ..., 56] (8 ranks)"
     assert format_group([0, 1, 4, 5, 8, 9]) == "[0, 1, 4, 5, 8, 9] (6 ranks)"
     assert format_group([0, 1, 4, 5, 8, 9, 12, 13, 16]) == "[0, 1, 4, 5, ..., 16] (9 ranks)"
+
+
+def test_plan_module_docstring_runs():
+    import doctest
+
+    import rankmesh.plan
+
+    result = doctest.testmod(rankmesh.plan, verbose=False, report=True)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_demo_abbreviates_groups_like_plan():
+    """One abbreviation of a group: the demo prints format_group's."""
+    import rankmesh.demo
+
+    assert rankmesh.demo.format_group is format_group
 
 
 # -- process-group count ------------------------------------------------------------------------
@@ -195,40 +219,51 @@ BASE = ["plan", "--world-size", "64"]
 BAD = [
     (["plan"], "--world-size"),  # missing required flag
     (["plan", "--world-size", "abc"], "invalid int"),
-    (["plan", "--world-size", "0"], "--world-size must be >= 1"),
-    (["plan", "--world-size", "-8"], "--world-size must be >= 1"),
+    (["plan", "--world-size", "0"], "world_size must be >= 1"),
+    (["plan", "--world-size", "-8"], "world_size must be >= 1"),
     (["plan", "--world-size", str(PLAN_LIMIT * 2)], "limit"),
     (["plan", "--world-size", str(2**31)], "int32"),
-    (["plan", "--world-size", "60", "--tp", "8"], "not divisible"),
-    (BASE + ["--tp", "0"], "--tp must be >= 1"),
+    (["plan", "--world-size", "60", "--tp", "8"], "!= WORLD_SIZE(60)"),
+    (["plan", "--world-size", "8", "--tp", "16"], "leaves no rank"),
+    (BASE + ["--tp", "0"], "tp = 0"),
     (BASE + ["--tp", "x"], "invalid int"),
-    (BASE + ["--pp", "0"], "--pp must be >= 1"),
-    (BASE + ["--cp", "-1"], "--cp must be >= 1"),
+    (BASE + ["--tp", "0", "--convention", "megatron"], "tensor_model_parallel_size must be >= 1"),
+    (BASE + ["--tp", "0", "--convention", "single"], "tp must be >= 1"),
+    (BASE + ["--pp", "0"], "pp = 0"),
+    (BASE + ["--cp", "-1"], "cp = -1"),
     (BASE + ["--cp", "2", "--convention", "single"], "no cp dim"),
-    (BASE + ["--ep", "0"], "--ep must be >= 1"),
-    (BASE + ["--ep", "3"], "ep*etp"),
-    (BASE + ["--dp-replicate", "0"], "--dp-replicate must be >= 1"),
+    (BASE + ["--ep", "0"], "ep = 0"),
+    (BASE + ["--ep", "3"], "ep * etp = 3 * 1 = 3 must divide"),
+    (BASE + ["--dp-replicate", "0"], "dp_replicate = 0"),
     (BASE + ["--dp-replicate", "2", "--convention", "megatron"], "does not apply"),
-    (BASE + ["--dp-shard", "0"], "--dp-shard must be -1 or >= 1"),
-    (BASE + ["--dp-shard", "-2"], "--dp-shard must be -1 or >= 1"),
-    (BASE + ["--dp-shard", "4"], "not the world size"),
+    (BASE + ["--dp-shard", "0"], "dp_shard = 0"),
+    (BASE + ["--dp-shard", "-2"], "dp_shard = -2"),
+    (BASE + ["--dp-shard", "4"], "!= WORLD_SIZE(64)"),
     (BASE + ["--dp-shard", "4", "--convention", "megatron"], "does not apply"),
-    (BASE + ["--etp", "0"], "--etp must be >= 1"),
-    (BASE + ["--tp", "4", "--ep", "2", "--etp", "2"], "etp = tp or etp = 1"),
-    (BASE + ["--etp", "2", "--convention", "single"], "--etp does not apply"),
+    (BASE + ["--etp", "0"], "etp = 0"),
+    (BASE + ["--tp", "4", "--ep", "2", "--etp", "2"], "ETP=TP or ETP=1"),
+    (BASE + ["--etp", "2", "--convention", "single"], "etp does not apply"),
     (BASE + ["--convention", "deepspeed"], "invalid choice"),
-    (BASE + ["--order", "tp-dp-pp"], "only applies to --convention megatron"),
+    (BASE + ["--order", "tp-dp-pp"], "order does not apply to the torchtitan convention"),
+    (BASE + ["--order", "tp-dp-pp", "--convention", "single"], "order does not apply to the single convention"),
     (BASE + ["--order", "tp-xp-pp", "--convention", "megatron"], "xp"),
     (BASE + ["--order", "tp-dp", "--pp", "2", "--convention", "megatron"], "does not name it"),
-    (BASE + ["--rank", "64"], "--rank 64 is outside"),
-    (BASE + ["--rank", "-1"], "--rank -1 is outside"),
-    (BASE + ["--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),
-    (BASE + ["--gpus-per-node", "6"], "whole number"),
-    (BASE + ["--strict", "pp"], "bandwidth-hungry dims are tp, ep, cp"),
-    (BASE + ["--tp", "16", "--strict"], "strict topology"),
+    (BASE + ["--order", "", "--convention", "megatron"], "empty name"),
+    (BASE + ["--order", ""], "order does not apply"),
+    (["plan", "--world-size", "60", "--tp", "8", "--convention", "megatron"], "not divisible"),
+    (BASE + ["--rank", "64"], "rank = 64 is out of range"),
+    (BASE + ["--rank", "-1"], "rank = -1 is out of range"),
+    (BASE + ["--gpus-per-node", "0"], "gpus_per_node must be >= 1"),
+    (BASE + ["--gpus-per-node", "6"], "whole number of 6-GPU nodes"),
+    (BASE + ["--strict", "pp"], "unknown bandwidth-hungry family 'pp'"),
+    (BASE + ["--strict", ""], "unknown bandwidth-hungry family ''"),
+    (BASE + ["--strict", "ep,"], "unknown bandwidth-hungry family ''"),
+    (BASE + ["--tp", "16", "--strict"], "bandwidth-hungry"),
     (BASE + ["--picture", "out.txt"], "image extension"),
+    (BASE + ["--picture", ""], "image extension"),
     (BASE + ["--picture", "/nonexistent/dir/x.png"], "does not exist"),
-    (BASE + ["--picture", "x.png", "--dim", "zz"], "--dim 'zz'"),
+    (BASE + ["--picture", "x.png", "--dim", "zz"], "'zz' is not a dim"),
+    (BASE + ["--picture", "x.png", "--dim", ""], "'' is not a dim"),
     (BASE + ["--dim", "tp"], "--dim only chooses"),
     (["bogus"], "invalid choice"),
 ]
@@ -237,13 +272,153 @@ BAD = [
 @pytest.mark.parametrize("argv, needle", BAD, ids=[" ".join(a[1:]) or a[0] for a, _ in BAD])
 def test_bad_input_exits_2_with_a_fix(capsys, argv, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a picture that slipped through would land here
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     code, out, err = run(capsys, *argv)
     assert code == 2, (argv, out, err)
     assert needle in err, err
-    assert "error:" in err
-    fixes = [line for line in err.splitlines() if line.startswith("fix: ")]
-    assert len(fixes) == 1 and len(fixes[0]) > 10, err
+    _assert_one_error_and_fix(err)
     assert not list(tmp_path.iterdir())
+
+
+def _assert_one_error_and_fix(err: str) -> None:
+    """One error line and one fix line (argparse's usage lines aside), never a traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if not line.startswith(("usage:", " "))]
+    assert len(lines) == 2 and "error: " in lines[0] and lines[1].startswith("fix: ") and len(lines[1]) > 10, err
+
+
+# -- flag values the API refuses: the CLI gives the API's own error, never a default -------------
+
+
+def _api_error(call) -> Exception:
+    with pytest.raises(RankmeshError) as info:
+        call()
+    return info.value
+
+
+def _topology(gpn, **kw):
+    from rankmesh.topology import topology_report
+
+    plan = build_plan("torchtitan", 64, tp=kw.pop("tp", 1))
+    return topology_report(plan.built(), 0, gpn, **kw)
+
+
+# (flag class, argv after ``plan --world-size 64``, $LOCAL_WORLD_SIZE, the API call refusing the same value)
+API_REFUSES = [
+    ("empty --order", ["--order", "", "--convention", "megatron"], None,
+     lambda: model_parallel_layout(64, order="")),
+    ("empty --order, torchtitan", ["--order", ""], None, lambda: build_plan("torchtitan", 64, order="")),
+    ("LOCAL_WORLD_SIZE=''", [], "", gpus_per_node_from_env),
+    ("LOCAL_WORLD_SIZE=abc", [], "abc", gpus_per_node_from_env),
+    ("LOCAL_WORLD_SIZE=0", [], "0", gpus_per_node_from_env),
+    ("LOCAL_WORLD_SIZE=-3", [], "-3", gpus_per_node_from_env),
+    ("LOCAL_WORLD_SIZE not dividing", [], "6", lambda: _topology(None)),
+    ("zero --world-size", None, None, lambda: positive_int(0, "world_size")),
+    ("zero degree, torchtitan", ["--tp", "0"], None, lambda: build_plan("torchtitan", 64, tp=0)),
+    ("zero degree, megatron", ["--ep", "0", "--convention", "megatron"], None,
+     lambda: model_parallel_layout(64, expert_model_parallel_size=0)),
+    ("zero degree, single", ["--pp", "0", "--convention", "single"], None, lambda: single_mesh(64, pp=0)),
+    ("negative --dp-shard", ["--dp-shard", "-2"], None, lambda: build_plan("torchtitan", 64, dp_shard=-2)),
+    ("--ep not dividing", ["--ep", "3"], None, lambda: build_plan("torchtitan", 64, ep=3)),
+    ("--etp vs --tp", ["--tp", "4", "--ep", "2", "--etp", "2"], None,
+     lambda: build_plan("torchtitan", 64, tp=4, ep=2, etp=2)),
+    ("--cp for single", ["--cp", "2", "--convention", "single"], None, lambda: single_mesh(64, cp=2)),
+    ("--dp-shard for megatron", ["--dp-shard", "-1", "--convention", "megatron"], None,
+     lambda: build_plan("megatron", 64, dp_shard=-1)),
+    ("out-of-range --rank", ["--rank", "64"], None, lambda: as_rank(64, 64)),
+    ("negative --rank", ["--rank", "-1"], None, lambda: as_rank(-1, 64)),
+    ("zero --gpus-per-node", ["--gpus-per-node", "0"], None, lambda: positive_int(0, "gpus_per_node")),
+    ("--gpus-per-node not dividing", ["--gpus-per-node", "6"], None, lambda: _topology(6)),
+    ("unknown --dim", ["--picture", "x.png", "--dim", "zz"], None, lambda: build_plan("torchtitan", 64).find_dim("zz")),
+    ("empty --strict", ["--strict", ""], None, lambda: _topology(8, strict=True, strict_dims=("",))),
+    ("unknown --strict", ["--strict", "ep,pp"], None, lambda: _topology(8, strict=True, strict_dims=("ep", "pp"))),
+    ("--strict violated", ["--tp", "16", "--strict"], None, lambda: _topology(8, tp=16, strict=True)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, env, call", [c[1:] for c in API_REFUSES], ids=[c[0] for c in API_REFUSES])
+def test_flags_the_api_refuses_give_the_apis_error(capsys, monkeypatch, tmp_path, argv, env, call):
+    monkeypatch.chdir(tmp_path)
+    if env is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+    expected = _api_error(call)
+    argv = ["plan", "--world-size", "0"] if argv is None else ["plan", "--world-size", "64", *argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (out, err)
+    assert f"rankmesh plan: error: {expected}\n" in err, (type(expected).__name__, err)
+    _assert_one_error_and_fix(err)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tp=0), dict(pp=-1), dict(cp=0), dict(ep=0), dict(etp=0), dict(dp_replicate=0),
+        dict(dp_shard=0), dict(dp_shard=-2), dict(dp_shard=4), dict(tp=128), dict(tp=4, ep=2, etp=2),
+        dict(ep=3), dict(tp=2, ep=4, etp=2, dp_shard=4),
+    ],
+    ids=repr,
+)  # fmt: skip
+def test_torchtitan_degrees_are_refused_like_parallel_dims(kw):
+    """``rankmesh plan`` refuses torchtitan degrees with ParallelDims' own error: type, message, field."""
+    parallel_dims = pytest.importorskip("rankmesh.parallel_dims")
+    full = dict(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, etp=1) | kw
+    with pytest.raises(RankmeshError) as theirs:
+        parallel_dims.ParallelDims(**full, world_size=64).layouts  # the sparse check runs with the layouts
+    ours = _api_error(lambda: build_plan("torchtitan", 64, **full))
+    assert (type(ours), str(ours), ours.field) == (type(theirs.value), str(theirs.value), theirs.value.field)
+
+
+# -- --picture failures ----------------------------------------------------------------------------
+
+
+def test_picture_without_matplotlib(capsys, monkeypatch, tmp_path):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out_png = tmp_path / "m.png"
+    code, out, err = run(capsys, "plan", "--world-size", "64", "--picture", str(out_png))
+    assert code == 2 and out == ""
+    assert "--picture needs matplotlib" in err and "fix: pip install 'rankmesh[plot]'" in err, err
+    _assert_one_error_and_fix(err)
+    assert not out_png.exists()
+
+
+def test_picture_path_is_a_folder(capsys, tmp_path):
+    folder = tmp_path / "mesh.png"
+    folder.mkdir()
+    code, out, err = run(capsys, "plan", "--world-size", "64", "--picture", str(folder))
+    assert code == 2 and out == ""
+    assert f"cannot write --picture '{folder}': it is a folder" in err, err
+    _assert_one_error_and_fix(err)
+
+
+def test_picture_folder_not_writable(capsys, monkeypatch, tmp_path):
+    import rankmesh.cli
+
+    monkeypatch.setattr(rankmesh.cli.os, "access", lambda path, mode: False)  # root writes anywhere
+    path = tmp_path / "mesh.png"
+    code, out, err = run(capsys, "plan", "--world-size", "64", "--picture", str(path))
+    assert code == 2 and out == ""
+    assert f"cannot write --picture '{path}': permission denied" in err, err
+    _assert_one_error_and_fix(err)
+
+
+def test_picture_write_fails(capsys, monkeypatch, tmp_path):
+    """A write that fails only when it happens (disk full, a read-only mount) is one line too."""
+    from matplotlib.figure import Figure
+
+    def refuse(self, fname, **kw):
+        raise PermissionError(13, "Permission denied", str(fname))
+
+    monkeypatch.setattr(Figure, "savefig", refuse)
+    path = tmp_path / "mesh.png"
+    code, out, err = run(capsys, "plan", "--world-size", "64", "--picture", str(path))
+    assert code == 2 and "rankmesh plan:" in out  # the plan was printed before drawing
+    assert f"cannot write --picture '{path}': Permission denied" in err, err
+    _assert_one_error_and_fix(err)
 
 
 def test_help_and_strict_ok(capsys):
@@ -285,6 +460,10 @@ def test_python_dash_m_rankmesh():
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "rank 77's groups" in proc.stdout and "dense.tp" in proc.stdout and "[72, 73, ..., 79] (8 ranks)" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "rankmesh", "plan", "--world-size", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert "rank 77's groups" in proc.stdout and "dense.tp" in proc.stdout
+    assert "[72, 73, ..., 79] (8 ranks)" in proc.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "rankmesh", "plan", "--world-size", "0"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
     assert bad.returncode == 2 and "fix:" in bad.stderr
