@@ -15,20 +15,37 @@ pub enum LayoutError {
     SizeMismatch { field: String, detail: String },
 
     #[error("{field} = {value} overflows: {detail}")]
-    Overflow { field: String, value: String, detail: String },
+    Overflow {
+        field: String,
+        value: String,
+        detail: String,
+    },
 
     #[error("unknown mesh dimension name {name:?}; available names are {available:?}")]
-    UnknownName { name: String, available: Vec<String> },
+    UnknownName {
+        name: String,
+        available: Vec<String>,
+    },
 
-    #[error("duplicate mesh dimension name {name:?} in {field}; every dimension needs a unique name")]
+    #[error(
+        "duplicate mesh dimension name {name:?} in {field}; every dimension needs a unique name"
+    )]
     DuplicateName { field: String, name: String },
 
     #[error("invalid mesh dimension name {name:?} in {field}: {detail}")]
-    InvalidName { field: String, name: String, detail: String },
+    InvalidName {
+        field: String,
+        name: String,
+        detail: String,
+    },
 
     #[error("names {names:?} are not in mesh order {mesh_order:?}; slice them in mesh order, e.g. [{}]",
         .fix.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", "))]
-    SliceOrder { names: Vec<String>, mesh_order: Vec<String>, fix: Vec<String> },
+    SliceOrder {
+        names: Vec<String>,
+        mesh_order: Vec<String>,
+        fix: Vec<String>,
+    },
 
     #[error("an empty slice selects no dimension; name at least one of {available:?}")]
     EmptySlice { available: Vec<String> },
@@ -37,7 +54,11 @@ pub enum LayoutError {
     RankOutOfRange { rank: i128, world_size: u64 },
 
     #[error("dim = {dim} is out of range for a mesh with {ndim} dimensions {names:?}")]
-    DimOutOfRange { dim: i128, ndim: usize, names: Vec<String> },
+    DimOutOfRange {
+        dim: i128,
+        ndim: usize,
+        names: Vec<String>,
+    },
 
     #[error("rank_map is not a permutation of range({world_size}): {detail}")]
     InvalidRankMap { world_size: u64, detail: String },

@@ -47,7 +47,9 @@ impl Axis {
     /// Builds an axis, coalescing as torch's `_FlatLayout` does (drops size-1 modes, merges a
     /// mode into its inner neighbour when `inner.size * inner.stride == outer.stride`).
     pub fn from_modes(modes: &[Mode]) -> Self {
-        Axis { modes: coalesce(modes) }
+        Axis {
+            modes: coalesce(modes),
+        }
     }
 
     pub fn modes(&self) -> &[Mode] {
@@ -60,12 +62,17 @@ impl Axis {
 
     /// The part of world index `i` this axis accounts for: `sum(digit * stride)`.
     fn offset_part(&self, i: u64) -> u64 {
-        self.modes.iter().map(|m| (i / m.stride) % m.size * m.stride).sum()
+        self.modes
+            .iter()
+            .map(|m| (i / m.stride) % m.size * m.stride)
+            .sum()
     }
 
     /// Lexicographic coordinate of world index `i` along this axis.
     fn coordinate(&self, i: u64) -> u64 {
-        self.modes.iter().fold(0, |c, m| c * m.size + (i / m.stride) % m.size)
+        self.modes
+            .iter()
+            .fold(0, |c, m| c * m.size + (i / m.stride) % m.size)
     }
 }
 
@@ -201,7 +208,12 @@ impl World {
             None => (None, None),
             Some(map) => validate_rank_map(size, map)?,
         };
-        Ok(World { size, rank_map, inverse, digest: OnceLock::new() })
+        Ok(World {
+            size,
+            rank_map,
+            inverse,
+            digest: OnceLock::new(),
+        })
     }
 
     pub fn size(&self) -> u64 {
@@ -223,7 +235,10 @@ impl World {
 
     fn index_of(&self, rank: i128) -> Result<u64> {
         if rank < 0 || rank >= self.size as i128 {
-            return Err(LayoutError::RankOutOfRange { rank, world_size: self.size });
+            return Err(LayoutError::RankOutOfRange {
+                rank,
+                world_size: self.size,
+            });
         }
         Ok(match &self.inverse {
             None => rank as u64,
@@ -262,7 +277,10 @@ impl World {
 
 fn check_world_size(size: i128) -> Result<u64> {
     if size <= 0 {
-        return Err(LayoutError::InvalidSize { field: "world_size".into(), value: size });
+        return Err(LayoutError::InvalidSize {
+            field: "world_size".into(),
+            value: size,
+        });
     }
     if size > MAX_WORLD_SIZE as i128 {
         return Err(LayoutError::Overflow {
@@ -277,9 +295,15 @@ fn check_world_size(size: i128) -> Result<u64> {
 type RankMaps = (Option<Box<[i32]>>, Option<Box<[i32]>>);
 
 fn validate_rank_map(size: u64, map: &[i64]) -> Result<RankMaps> {
-    let bad = |detail: String| LayoutError::InvalidRankMap { world_size: size, detail };
+    let bad = |detail: String| LayoutError::InvalidRankMap {
+        world_size: size,
+        detail,
+    };
     if map.len() as u64 != size {
-        return Err(bad(format!("it has {} entries, expected world_size = {size}", map.len())));
+        return Err(bad(format!(
+            "it has {} entries, expected world_size = {size}",
+            map.len()
+        )));
     }
     let mut inverse = vec![-1i32; size as usize];
     let mut identity = true;
@@ -290,7 +314,9 @@ fn validate_rank_map(size: u64, map: &[i64]) -> Result<RankMaps> {
         let first = inverse[r as usize];
         if first >= 0 {
             let mut seen = vec![false; size as usize];
-            map.iter().filter(|&&x| x >= 0 && x < size as i64).for_each(|&x| seen[x as usize] = true);
+            map.iter()
+                .filter(|&&x| x >= 0 && x < size as i64)
+                .for_each(|&x| seen[x as usize] = true);
             let missing = seen.iter().position(|&s| !s).unwrap_or(0);
             return Err(bad(format!(
                 "rank {r} appears at indices {first} and {i}, and rank {missing} is missing"
@@ -331,7 +357,11 @@ impl Layout {
     /// The 1-D `"world"` mesh of an existing (shared) world.
     pub fn from_world(world: Arc<World>) -> Layout {
         let axis = Axis::from_modes(&[Mode::new(world.size, 1)]);
-        Layout { world, axes: vec![axis], names: vec!["world".into()] }
+        Layout {
+            world,
+            axes: vec![axis],
+            names: vec!["world".into()],
+        }
     }
 
     /// Rebuilds a layout from raw modes (e.g. when unpickling), validating everything.
@@ -349,7 +379,10 @@ impl Layout {
                 if m.size == 0 || m.stride == 0 {
                     return Err(LayoutError::InvalidLayout {
                         field: format!("axes[{a}]"),
-                        detail: format!("mode {}:{} needs a positive size and stride", m.size, m.stride),
+                        detail: format!(
+                            "mode {}:{} needs a positive size and stride",
+                            m.size, m.stride
+                        ),
                     });
                 }
             }
@@ -357,7 +390,11 @@ impl Layout {
         }
         check_tiling(&all, world.size)?;
         let axes = axes.iter().map(|m| Axis::from_modes(m)).collect();
-        Ok(Layout { world, axes, names: names.to_vec() })
+        Ok(Layout {
+            world,
+            axes,
+            names: names.to_vec(),
+        })
     }
 
     pub fn world_arc(&self) -> &Arc<World> {
@@ -399,26 +436,36 @@ impl Layout {
         let n = self.axes.len() as i128;
         let d = if dim < 0 { dim + n } else { dim };
         if d < 0 || d >= n {
-            return Err(LayoutError::DimOutOfRange { dim, ndim: self.axes.len(), names: self.names.clone() });
+            return Err(LayoutError::DimOutOfRange {
+                dim,
+                ndim: self.axes.len(),
+                names: self.names.clone(),
+            });
         }
         Ok(d as usize)
     }
 
     /// Resolves a dimension name.
     pub fn dim_by_name(&self, name: &str) -> Result<usize> {
-        self.names.iter().position(|n| n == name).ok_or_else(|| LayoutError::UnknownName {
-            name: name.into(),
-            available: self.names.clone(),
-        })
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| LayoutError::UnknownName {
+                name: name.into(),
+                available: self.names.clone(),
+            })
     }
 
     /// Splits dimension `dim` into `sizes` named `names`, like `DeviceMesh._unflatten`.
     pub fn unflatten(&self, dim: usize, sizes: &[i128], names: &[String]) -> Result<Layout> {
-        let axis = self.axes.get(dim).ok_or_else(|| LayoutError::DimOutOfRange {
-            dim: dim as i128,
-            ndim: self.axes.len(),
-            names: self.names.clone(),
-        })?;
+        let axis = self
+            .axes
+            .get(dim)
+            .ok_or_else(|| LayoutError::DimOutOfRange {
+                dim: dim as i128,
+                ndim: self.axes.len(),
+                names: self.names.clone(),
+            })?;
         if sizes.is_empty() {
             return Err(LayoutError::SizeMismatch {
                 field: "sizes".into(),
@@ -428,14 +475,21 @@ impl Layout {
         if sizes.len() != names.len() {
             return Err(LayoutError::SizeMismatch {
                 field: "names".into(),
-                detail: format!("got {} sizes but {} names; give one name per size", sizes.len(), names.len()),
+                detail: format!(
+                    "got {} sizes but {} names; give one name per size",
+                    sizes.len(),
+                    names.len()
+                ),
             });
         }
         let mut usizes = Vec::with_capacity(sizes.len());
         let mut product: u64 = 1;
         for (i, &s) in sizes.iter().enumerate() {
             if s <= 0 {
-                return Err(LayoutError::InvalidSize { field: format!("sizes[{i}]"), value: s });
+                return Err(LayoutError::InvalidSize {
+                    field: format!("sizes[{i}]"),
+                    value: s,
+                });
             }
             if s > MAX_WORLD_SIZE as i128 {
                 return Err(LayoutError::Overflow {
@@ -444,11 +498,13 @@ impl Layout {
                     detail: format!("a mesh dimension holds at most {MAX_WORLD_SIZE} ranks"),
                 });
             }
-            product = product.checked_mul(s as u64).ok_or_else(|| LayoutError::Overflow {
-                field: "sizes".into(),
-                value: format!("{sizes:?}"),
-                detail: "the product of sizes does not fit 64 bits".into(),
-            })?;
+            product = product
+                .checked_mul(s as u64)
+                .ok_or_else(|| LayoutError::Overflow {
+                    field: "sizes".into(),
+                    value: format!("{sizes:?}"),
+                    detail: "the product of sizes does not fit 64 bits".into(),
+                })?;
             usizes.push(s as u64);
         }
         if product != axis.numel() {
@@ -485,13 +541,19 @@ impl Layout {
         }
         let mut axes = self.axes.clone();
         axes.splice(dim..=dim, new_axes);
-        Ok(Layout { world: self.world.clone(), axes, names: new_names })
+        Ok(Layout {
+            world: self.world.clone(),
+            axes,
+            names: new_names,
+        })
     }
 
     /// Selects dimensions by name, like `DeviceMesh.__getitem__` (names in mesh order).
     pub fn slice<S: AsRef<str>>(&self, names: &[S]) -> Result<Layout> {
         if names.is_empty() {
-            return Err(LayoutError::EmptySlice { available: self.names.clone() });
+            return Err(LayoutError::EmptySlice {
+                available: self.names.clone(),
+            });
         }
         let mut idx = Vec::with_capacity(names.len());
         for n in names {
@@ -518,14 +580,27 @@ impl Layout {
     /// A 1-D layout over all dims of this one (adjacent or not), like `DeviceMesh._flatten`.
     /// `name` defaults to the dim names joined by `_`, as in torch.
     pub fn flatten(&self, name: Option<&str>) -> Result<Layout> {
-        let name = name.map(str::to_string).unwrap_or_else(|| self.names.join("_"));
+        let name = name
+            .map(str::to_string)
+            .unwrap_or_else(|| self.names.join("_"));
         check_names(std::slice::from_ref(&name), "name")?;
-        let all: Vec<Mode> = self.axes.iter().flat_map(|a| a.modes().iter().copied()).collect();
-        Ok(Layout { world: self.world.clone(), axes: vec![Axis::from_modes(&all)], names: vec![name] })
+        let all: Vec<Mode> = self
+            .axes
+            .iter()
+            .flat_map(|a| a.modes().iter().copied())
+            .collect();
+        Ok(Layout {
+            world: self.world.clone(),
+            axes: vec![Axis::from_modes(&all)],
+            names: vec![name],
+        })
     }
 
     fn all_modes(&self) -> Vec<Mode> {
-        self.axes.iter().flat_map(|a| a.modes().iter().copied()).collect()
+        self.axes
+            .iter()
+            .flat_map(|a| a.modes().iter().copied())
+            .collect()
     }
 
     /// Canonical modes of one dim's partition of the world: equal keys (over one world) mean
@@ -557,7 +632,9 @@ impl Layout {
         let i = self.world.index_of(rank)?;
         let base = i - self.axes.iter().map(|a| a.offset_part(i)).sum::<u64>();
         let mut out = Vec::with_capacity(self.numel() as usize);
-        for_each_offset(&self.all_modes(), |o| out.push(self.world.rank_at(base + o)));
+        for_each_offset(&self.all_modes(), |o| {
+            out.push(self.world.rank_at(base + o))
+        });
         Ok(out)
     }
 
@@ -571,7 +648,9 @@ impl Layout {
     pub fn copy_index_of(&self, rank: i128) -> Result<u64> {
         let i = self.world.index_of(rank)?;
         let comp = complement(&self.all_modes(), self.world.size);
-        Ok(comp.iter().fold(0, |c, m| c * m.size + (i / m.stride) % m.size))
+        Ok(comp
+            .iter()
+            .fold(0, |c, m| c * m.size + (i / m.stride) % m.size))
     }
 
     /// Every copy of the mesh across the world, shape `(num_copies, *shape)` flattened
@@ -628,7 +707,10 @@ fn check_names(names: &[String], field: &str) -> Result<()> {
             });
         }
         if names[..i].contains(n) {
-            return Err(LayoutError::DuplicateName { field: field.into(), name: n.clone() });
+            return Err(LayoutError::DuplicateName {
+                field: field.into(),
+                name: n.clone(),
+            });
         }
     }
     Ok(())
@@ -644,7 +726,10 @@ fn check_tiling(modes: &[Mode], world: u64) -> Result<()> {
         if m.stride % cur != 0 || span.is_none() {
             return Err(LayoutError::InvalidLayout {
                 field: "axes".into(),
-                detail: format!("modes {} overlap or leave an uneven gap", describe_modes(modes)),
+                detail: format!(
+                    "modes {} overlap or leave an uneven gap",
+                    describe_modes(modes)
+                ),
             });
         }
         cur = span.unwrap_or(u64::MAX);
@@ -652,7 +737,10 @@ fn check_tiling(modes: &[Mode], world: u64) -> Result<()> {
     if cur > world || world % cur != 0 {
         return Err(LayoutError::InvalidLayout {
             field: "axes".into(),
-            detail: format!("modes {} do not tile a world of {world} ranks", describe_modes(modes)),
+            detail: format!(
+                "modes {} do not tile a world of {world} ranks",
+                describe_modes(modes)
+            ),
         });
     }
     Ok(())
@@ -674,14 +762,23 @@ mod tests {
         assert_eq!(m.group(6, 1).unwrap(), vec![4, 5, 6, 7]);
         assert_eq!(m.group(6, 0).unwrap(), vec![2, 6]);
         assert_eq!(m.coordinate_of(6).unwrap(), vec![1, 2]);
-        assert_eq!(m.slice(&["dp"]).unwrap().groups(), vec![0, 4, 1, 5, 2, 6, 3, 7]);
-        assert_eq!(m.flatten(None).unwrap().axes()[0].modes(), &[Mode::new(8, 1)]);
+        assert_eq!(
+            m.slice(&["dp"]).unwrap().groups(),
+            vec![0, 4, 1, 5, 2, 6, 3, 7]
+        );
+        assert_eq!(
+            m.flatten(None).unwrap().axes()[0].modes(),
+            &[Mode::new(8, 1)]
+        );
     }
 
     #[test]
     fn torch_remap_examples() {
         // torch _mesh_layout docstring: world 4 as 2x2, layout 2:2 -> [[0,2],[1,3]]
-        let w = Layout::world(4, None).unwrap().unflatten(0, &[2, 2], &names(&["a", "b"])).unwrap();
+        let w = Layout::world(4, None)
+            .unwrap()
+            .unflatten(0, &[2, 2], &names(&["a", "b"]))
+            .unwrap();
         assert_eq!(w.slice(&["a"]).unwrap().groups(), vec![0, 2, 1, 3]);
         // with rank map [10,20,30,40] shifted to a permutation: [1,2,3,0]
         let w = Layout::world(4, Some(&[1, 2, 3, 0])).unwrap();
@@ -693,14 +790,18 @@ mod tests {
     #[test]
     fn non_adjacent_flatten_and_unflatten() {
         let w = Layout::world(8, None).unwrap();
-        let m = w.unflatten(0, &[2, 2, 2], &names(&["a", "b", "c"])).unwrap();
+        let m = w
+            .unflatten(0, &[2, 2, 2], &names(&["a", "b", "c"]))
+            .unwrap();
         let ac = m.slice(&["a", "c"]).unwrap().flatten(Some("ac")).unwrap();
         assert_eq!(ac.groups(), vec![0, 1, 4, 5, 2, 3, 6, 7]);
         let xy = ac.unflatten(0, &[2, 2], &names(&["x", "y"])).unwrap();
         assert_eq!(xy.slice(&["x"]).unwrap().group(5, 0).unwrap(), vec![1, 5]);
         // (2,3):(9,1) cannot be split as (3,2)
         let w = Layout::world(18, None).unwrap();
-        let m = w.unflatten(0, &[2, 3, 3], &names(&["a", "b", "c"])).unwrap();
+        let m = w
+            .unflatten(0, &[2, 3, 3], &names(&["a", "b", "c"]))
+            .unwrap();
         let ac = m.slice(&["a", "c"]).unwrap().flatten(None).unwrap();
         let e = ac.unflatten(0, &[3, 2], &names(&["x", "y"])).unwrap_err();
         assert_eq!(e.kind(), "IncompatibleLayoutError");
@@ -709,12 +810,22 @@ mod tests {
     #[test]
     fn partition_key_ignores_mode_order() {
         let w = Layout::world(8, None).unwrap();
-        let m = w.unflatten(0, &[2, 2, 2], &names(&["a", "b", "c"])).unwrap();
+        let m = w
+            .unflatten(0, &[2, 2, 2], &names(&["a", "b", "c"]))
+            .unwrap();
         let ac = m.slice(&["a", "c"]).unwrap().flatten(None).unwrap();
-        assert_eq!(ac.partition_key(0).unwrap(), vec![Mode::new(2, 4), Mode::new(2, 1)]);
+        assert_eq!(
+            ac.partition_key(0).unwrap(),
+            vec![Mode::new(2, 4), Mode::new(2, 1)]
+        );
         let full = m.flatten(None).unwrap();
         assert_eq!(full.partition_key(0).unwrap(), vec![Mode::new(8, 1)]);
-        let tp_dp = Layout::from_parts(w.world_arc().clone(), &[vec![Mode::new(4, 1), Mode::new(2, 4)]], &names(&["x"])).unwrap();
+        let tp_dp = Layout::from_parts(
+            w.world_arc().clone(),
+            &[vec![Mode::new(4, 1), Mode::new(2, 4)]],
+            &names(&["x"]),
+        )
+        .unwrap();
         assert_eq!(tp_dp.partition_key(0).unwrap(), vec![Mode::new(8, 1)]);
     }
 
@@ -731,31 +842,75 @@ mod tests {
         assert_eq!(complement(&[Mode::new(4, 1)], 8), vec![Mode::new(2, 4)]);
         assert_eq!(complement(&[Mode::new(2, 4)], 8), vec![Mode::new(4, 1)]);
         // gaps on both sides, outermost first: (2:2) in 16 -> (4,2):(4,1)
-        assert_eq!(complement(&[Mode::new(2, 2)], 16), vec![Mode::new(4, 4), Mode::new(2, 1)]);
+        assert_eq!(
+            complement(&[Mode::new(2, 2)], 16),
+            vec![Mode::new(4, 4), Mode::new(2, 1)]
+        );
     }
 
     #[test]
     fn bad_inputs_are_typed() {
-        assert_eq!(Layout::world(0, None).unwrap_err().kind(), "InvalidSizeError");
-        assert_eq!(Layout::world(1 << 31, None).unwrap_err().kind(), "LayoutOverflowError");
-        assert_eq!(Layout::world(3, Some(&[0, 1, 1])).unwrap_err().kind(), "InvalidRankMapError");
-        assert_eq!(Layout::world(3, Some(&[0, 1])).unwrap_err().kind(), "InvalidRankMapError");
-        assert_eq!(Layout::world(3, Some(&[0, 1, 3])).unwrap_err().kind(), "InvalidRankMapError");
+        assert_eq!(
+            Layout::world(0, None).unwrap_err().kind(),
+            "InvalidSizeError"
+        );
+        assert_eq!(
+            Layout::world(1 << 31, None).unwrap_err().kind(),
+            "LayoutOverflowError"
+        );
+        assert_eq!(
+            Layout::world(3, Some(&[0, 1, 1])).unwrap_err().kind(),
+            "InvalidRankMapError"
+        );
+        assert_eq!(
+            Layout::world(3, Some(&[0, 1])).unwrap_err().kind(),
+            "InvalidRankMapError"
+        );
+        assert_eq!(
+            Layout::world(3, Some(&[0, 1, 3])).unwrap_err().kind(),
+            "InvalidRankMapError"
+        );
         let w = Layout::world(8, None).unwrap();
-        assert_eq!(w.unflatten(0, &[2, 0, 4], &names(&["a", "b", "c"])).unwrap_err().field(), "sizes[1]");
-        assert_eq!(w.unflatten(0, &[2, 2], &names(&["a", "b"])).unwrap_err().kind(), "SizeMismatchError");
-        assert_eq!(w.unflatten(0, &[2, 4], &names(&["a", "a"])).unwrap_err().kind(), "DuplicateNameError");
-        assert_eq!(w.unflatten(0, &[2, 4], &names(&["a"])).unwrap_err().kind(), "SizeMismatchError");
+        assert_eq!(
+            w.unflatten(0, &[2, 0, 4], &names(&["a", "b", "c"]))
+                .unwrap_err()
+                .field(),
+            "sizes[1]"
+        );
+        assert_eq!(
+            w.unflatten(0, &[2, 2], &names(&["a", "b"]))
+                .unwrap_err()
+                .kind(),
+            "SizeMismatchError"
+        );
+        assert_eq!(
+            w.unflatten(0, &[2, 4], &names(&["a", "a"]))
+                .unwrap_err()
+                .kind(),
+            "DuplicateNameError"
+        );
+        assert_eq!(
+            w.unflatten(0, &[2, 4], &names(&["a"])).unwrap_err().kind(),
+            "SizeMismatchError"
+        );
         let big = (1i128 << 31) - 1;
         assert_eq!(
-            w.unflatten(0, &[big, big, big], &names(&["a", "b", "c"])).unwrap_err().kind(),
+            w.unflatten(0, &[big, big, big], &names(&["a", "b", "c"]))
+                .unwrap_err()
+                .kind(),
             "LayoutOverflowError"
         );
         let m = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
-        assert_eq!(m.slice(&["tp", "dp"]).unwrap_err().kind(), "SliceOrderError");
+        assert_eq!(
+            m.slice(&["tp", "dp"]).unwrap_err().kind(),
+            "SliceOrderError"
+        );
         assert_eq!(m.slice(&["pp"]).unwrap_err().kind(), "UnknownNameError");
         assert_eq!(m.slice::<&str>(&[]).unwrap_err().kind(), "EmptySliceError");
-        assert_eq!(m.slice(&["dp", "dp"]).unwrap_err().kind(), "DuplicateNameError");
+        assert_eq!(
+            m.slice(&["dp", "dp"]).unwrap_err().kind(),
+            "DuplicateNameError"
+        );
         assert_eq!(m.group(8, 0).unwrap_err().kind(), "RankOutOfRangeError");
         assert_eq!(m.group(-1, 0).unwrap_err().kind(), "RankOutOfRangeError");
         assert_eq!(m.dim_index(2).unwrap_err().kind(), "DimOutOfRangeError");
@@ -766,12 +921,18 @@ mod tests {
     fn fingerprint_is_stable_and_sensitive() {
         let w = Layout::world(8, None).unwrap();
         let a = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
-        let b = Layout::world(8, Some(&[0, 1, 2, 3, 4, 5, 6, 7])).unwrap().unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        let b = Layout::world(8, Some(&[0, 1, 2, 3, 4, 5, 6, 7]))
+            .unwrap()
+            .unflatten(0, &[2, 4], &names(&["dp", "tp"]))
+            .unwrap();
         assert_eq!(a, b);
         assert_eq!(a.fingerprint(), b.fingerprint());
         let c = w.unflatten(0, &[4, 2], &names(&["dp", "tp"])).unwrap();
         let d = w.unflatten(0, &[2, 4], &names(&["dp", "cp"])).unwrap();
-        let e = Layout::world(8, Some(&[1, 0, 2, 3, 4, 5, 6, 7])).unwrap().unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        let e = Layout::world(8, Some(&[1, 0, 2, 3, 4, 5, 6, 7]))
+            .unwrap()
+            .unflatten(0, &[2, 4], &names(&["dp", "tp"]))
+            .unwrap();
         for x in [&c, &d, &e] {
             assert_ne!(a.fingerprint(), x.fingerprint());
         }

@@ -26,12 +26,15 @@ fn to_pyerr(py: Python<'_>, e: &LayoutError) -> PyErr {
 
 fn raise(py: Python<'_>, kind: &str, message: String, field: String, value: String) -> PyErr {
     let build = || -> PyResult<PyErr> {
-        let module = ERRORS.get_or_try_init(py, || py.import("rankmesh.errors").map(Bound::unbind))?;
+        let module =
+            ERRORS.get_or_try_init(py, || py.import("rankmesh.errors").map(Bound::unbind))?;
         let cls = module.bind(py).getattr(kind)?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("field", field.clone())?;
         kwargs.set_item("value", value.clone())?;
-        Ok(PyErr::from_value(cls.call((message.clone(),), Some(&kwargs))?))
+        Ok(PyErr::from_value(
+            cls.call((message.clone(),), Some(&kwargs))?,
+        ))
     };
     build().unwrap_or_else(|err| err)
 }
@@ -76,7 +79,10 @@ fn int_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<i128
         )),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{field} must be an int, got {}",
-            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         ))),
     }
 }
@@ -90,7 +96,13 @@ fn rank_map_arg<'py>(
     let np = py.import("numpy")?;
     let arr = np.call_method1("asarray", (obj,))?;
     let bad = |detail: String| {
-        to_pyerr(py, &LayoutError::InvalidRankMap { world_size: world_size.max(0) as u64, detail })
+        to_pyerr(
+            py,
+            &LayoutError::InvalidRankMap {
+                world_size: world_size.max(0) as u64,
+                detail,
+            },
+        )
     };
     let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
     let empty = arr.getattr("size")?.extract::<usize>()? == 0;
@@ -118,7 +130,11 @@ fn names_arg(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<String>> {
         .map_err(|_| PyTypeError::new_err(format!("{field} must be a sequence of str")))
 }
 
-fn int32_array<'py>(py: Python<'py>, data: Vec<i32>, shape: Vec<usize>) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+fn int32_array<'py>(
+    py: Python<'py>,
+    data: Vec<i32>,
+    shape: Vec<usize>,
+) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
     PyArray1::from_vec(py, data).reshape(shape)
 }
 
@@ -148,7 +164,11 @@ impl PyMeshLayout {
     /// The 1-D mesh of `world_size` ranks named "world"; `rank_map[i]` is the rank at index `i`.
     #[staticmethod]
     #[pyo3(signature = (world_size, rank_map = None))]
-    fn world(py: Python<'_>, world_size: &Bound<'_, PyAny>, rank_map: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn world(
+        py: Python<'_>,
+        world_size: &Bound<'_, PyAny>,
+        rank_map: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let size = int_arg(py, world_size, "world_size")?;
         let layout = match rank_map {
             None => guarded(py, || Layout::world(size, None))?,
@@ -162,7 +182,13 @@ impl PyMeshLayout {
     }
 
     /// Splits `dim` (name or index) into `sizes` named `names`, like `DeviceMesh._unflatten`.
-    fn unflatten(&self, py: Python<'_>, dim: &Bound<'_, PyAny>, sizes: &Bound<'_, PyAny>, names: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn unflatten(
+        &self,
+        py: Python<'_>,
+        dim: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        names: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
         let d = self.dim_arg(py, dim)?;
         let sizes: Vec<Bound<'_, PyAny>> = sizes
             .try_iter()
@@ -185,7 +211,9 @@ impl PyMeshLayout {
         } else if key.is_instance_of::<PyTuple>() || key.is_instance_of::<PyList>() {
             key.extract()?
         } else {
-            return Err(PyTypeError::new_err("index a MeshLayout with a dim name or a tuple of names"));
+            return Err(PyTypeError::new_err(
+                "index a MeshLayout with a dim name or a tuple of names",
+            ));
         };
         let inner = &self.inner;
         guarded(py, || inner.slice(&names)).map(Self::wrap)
@@ -194,8 +222,16 @@ impl PyMeshLayout {
     /// A layout over this layout's world from raw `(size, stride)` modes per dim, validated
     /// (`InvalidLayoutError` when they overlap or do not tile the world). O(modes): the world
     /// and its rank map are shared, not copied.
-    fn with_modes(&self, py: Python<'_>, axes: Vec<Vec<(u64, u64)>>, names: Vec<String>) -> PyResult<Self> {
-        let modes: Vec<Vec<Mode>> = axes.iter().map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect()).collect();
+    fn with_modes(
+        &self,
+        py: Python<'_>,
+        axes: Vec<Vec<(u64, u64)>>,
+        names: Vec<String>,
+    ) -> PyResult<Self> {
+        let modes: Vec<Vec<Mode>> = axes
+            .iter()
+            .map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect())
+            .collect();
         let w: Arc<World> = self.inner.world_arc().clone();
         guarded(py, || Layout::from_parts(w, &modes, &names)).map(Self::wrap)
     }
@@ -245,7 +281,11 @@ impl PyMeshLayout {
     /// The (size, stride) modes of one dim over the world index (torch's `_layout[dim]`).
     fn modes(&self, py: Python<'_>, dim: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
         let d = self.dim_arg(py, dim)?;
-        Ok(self.inner.axes()[d].modes().iter().map(|m| (m.size, m.stride)).collect())
+        Ok(self.inner.axes()[d]
+            .modes()
+            .iter()
+            .map(|m| (m.size, m.stride))
+            .collect())
     }
 
     /// Canonical (size, stride) modes of one dim's partition of the world, outermost first:
@@ -259,26 +299,46 @@ impl PyMeshLayout {
 
     /// The rank map as an int32 array, or None for the identity.
     fn rank_map<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<i32>>> {
-        self.inner.world_arc().rank_map().map(|m| PyArray1::from_slice(py, m))
+        self.inner
+            .world_arc()
+            .rank_map()
+            .map(|m| PyArray1::from_slice(py, m))
     }
 
     /// The local mesh a DeviceMesh of this layout holds on `rank`: int32 array of `shape`.
-    fn mesh_of<'py>(&self, py: Python<'py>, rank: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
+    fn mesh_of<'py>(
+        &self,
+        py: Python<'py>,
+        rank: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
         let r = int_arg(py, rank, "rank")?;
         let inner = &self.inner;
         let data = guarded(py, || inner.mesh_of(r))?;
-        int32_array(py, data, inner.shape().iter().map(|&s| s as usize).collect())
+        int32_array(
+            py,
+            data,
+            inner.shape().iter().map(|&s| s as usize).collect(),
+        )
     }
 
     /// `rank`'s coordinate, as `DeviceMesh.get_coordinate()` on that rank.
-    fn coordinate_of<'py>(&self, py: Python<'py>, rank: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+    fn coordinate_of<'py>(
+        &self,
+        py: Python<'py>,
+        rank: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let r = int_arg(py, rank, "rank")?;
         let inner = &self.inner;
         PyTuple::new(py, guarded(py, || inner.coordinate_of(r))?)
     }
 
     /// The ranks of `rank`'s group in `dim` (who `get_group(dim)` connects): int32 1-D array.
-    fn group<'py>(&self, py: Python<'py>, rank: &Bound<'py, PyAny>, dim: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    fn group<'py>(
+        &self,
+        py: Python<'py>,
+        rank: &Bound<'py, PyAny>,
+        dim: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let r = int_arg(py, rank, "rank")?;
         let d = self.dim_arg(py, dim)?;
         let inner = &self.inner;
@@ -308,7 +368,10 @@ impl PyMeshLayout {
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other.cast::<PyMeshLayout>().map(|o| o.get().inner == self.inner).unwrap_or(false)
+        other
+            .cast::<PyMeshLayout>()
+            .map(|o| o.get().inner == self.inner)
+            .unwrap_or(false)
     }
 
     fn __hash__(&self, py: Python<'_>) -> PyResult<u64> {
@@ -331,11 +394,21 @@ impl PyMeshLayout {
                 format!("{n}={} ({}):({})", a.numel(), s.join(","), d.join(","))
             })
             .collect();
-        let map = if self.inner.world_arc().rank_map().is_some() { ", rank_map=<permutation>" } else { "" };
-        format!("MeshLayout([{}], world_size={}{map})", dims.join(", "), self.inner.world_size())
+        let map = if self.inner.world_arc().rank_map().is_some() {
+            ", rank_map=<permutation>"
+        } else {
+            ""
+        };
+        format!(
+            "MeshLayout([{}], world_size={}{map})",
+            dims.join(", "),
+            self.inner.world_size()
+        )
     }
 
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
         let this = slf.get();
         let restore = py.import("rankmesh._native")?.getattr("_restore")?;
@@ -345,8 +418,17 @@ impl PyMeshLayout {
             .iter()
             .map(|a| a.modes().iter().map(|m| (m.size, m.stride)).collect())
             .collect();
-        let map = this.rank_map(py).map(|a| a.into_any()).unwrap_or_else(|| py.None().into_bound(py));
-        let args = (this.inner.world_size(), map, axes, this.inner.names().to_vec()).into_pyobject(py)?;
+        let map = this
+            .rank_map(py)
+            .map(|a| a.into_any())
+            .unwrap_or_else(|| py.None().into_bound(py));
+        let args = (
+            this.inner.world_size(),
+            map,
+            axes,
+            this.inner.names().to_vec(),
+        )
+            .into_pyobject(py)?;
         Ok((restore, args))
     }
 }
@@ -361,7 +443,10 @@ fn _restore(
     names: Vec<String>,
 ) -> PyResult<PyMeshLayout> {
     let world = PyMeshLayout::world(py, world_size, rank_map)?;
-    let modes: Vec<Vec<Mode>> = axes.iter().map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect()).collect();
+    let modes: Vec<Vec<Mode>> = axes
+        .iter()
+        .map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect())
+        .collect();
     let w: Arc<World> = world.inner.world_arc().clone();
     guarded(py, || Layout::from_parts(w, &modes, &names)).map(PyMeshLayout::wrap)
 }
@@ -369,7 +454,9 @@ fn _restore(
 /// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
 #[pyfunction]
 fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
-    guarded(py, || -> Result<(), LayoutError> { panic!("deliberate panic for the FFI test") })
+    guarded(py, || -> Result<(), LayoutError> {
+        panic!("deliberate panic for the FFI test")
+    })
 }
 
 #[pymodule]

@@ -60,7 +60,11 @@ fn random_sizes(n: u64, min_parts: usize, rng: &mut Rng) -> Vec<i128> {
     let mut sizes = vec![1i128; parts];
     for (i, p) in primes.iter().enumerate() {
         // every part gets one prime first, the rest go anywhere
-        let bin = if i < parts { i } else { rng.below(parts as u64) as usize };
+        let bin = if i < parts {
+            i
+        } else {
+            rng.below(parts as u64) as usize
+        };
         sizes[bin] *= *p as i128;
     }
     if rng.below(4) == 0 {
@@ -88,7 +92,12 @@ fn random_subset(l: &Layout, rng: &mut Rng, gap: bool) -> Vec<String> {
     if !keep.iter().any(|&k| k) {
         keep[rng.below(n as u64) as usize] = true;
     }
-    l.names().iter().zip(keep).filter(|&(_, k)| k).map(|(name, _)| name.clone()).collect()
+    l.names()
+        .iter()
+        .zip(keep)
+        .filter(|&(_, k)| k)
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// Applies `ops` to the world layout and returns every layout met on the way. Op kinds:
@@ -111,10 +120,20 @@ fn build(world: &Layout, ops: &[(u8, u64)]) -> Vec<Layout> {
                     Err(e) => panic!("unexpected error {e} unflattening {cur:?} by {sizes:?}"),
                 }
             }
-            2 => cur.slice(&random_subset(&cur, &mut rng, false)).expect("an ordered slice"),
-            3 => cur.flatten(if rng.below(2) == 0 { None } else { Some("flat") }).expect("flatten"),
+            2 => cur
+                .slice(&random_subset(&cur, &mut rng, false))
+                .expect("an ordered slice"),
+            3 => cur
+                .flatten(if rng.below(2) == 0 {
+                    None
+                } else {
+                    Some("flat")
+                })
+                .expect("flatten"),
             _ => {
-                let sub = cur.slice(&random_subset(&cur, &mut rng, true)).expect("an ordered slice");
+                let sub = cur
+                    .slice(&random_subset(&cur, &mut rng, true))
+                    .expect("an ordered slice");
                 sub.flatten(Some(&format!("f{step}"))).expect("flatten")
             }
         };
@@ -126,7 +145,11 @@ fn build(world: &Layout, ops: &[(u8, u64)]) -> Vec<Layout> {
 
 fn world_strategy() -> impl Strategy<Value = (u64, Option<Vec<i64>>)> {
     prop::collection::vec(prop::sample::select(vec![2u64, 2, 2, 3, 3, 5, 7]), 0..10)
-        .prop_map(|factors| factors.into_iter().fold(1u64, |w, f| if w * f <= MAX_WORLD { w * f } else { w }))
+        .prop_map(|factors| {
+            factors
+                .into_iter()
+                .fold(1u64, |w, f| if w * f <= MAX_WORLD { w * f } else { w })
+        })
         .prop_flat_map(|w| {
             let identity: Vec<i64> = (0..w as i64).collect();
             (Just(w), prop::option::of(Just(identity).prop_shuffle()))
@@ -329,5 +352,8 @@ fn random_sizes_factorise() {
             assert!(s.iter().all(|&x| x >= 1));
         }
     }
-    assert_eq!(unravel(ravel(&[1, 2, 3], &[2, 3, 4]), &[2, 3, 4]), vec![1, 2, 3]);
+    assert_eq!(
+        unravel(ravel(&[1, 2, 3], &[2, 3, 4]), &[2, 3, 4]),
+        vec![1, 2, 3]
+    );
 }
