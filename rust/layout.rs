@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::error::{LayoutError, Result, MAX_WORLD_SIZE};
+use crate::error::{LayoutError, Result, Value, MAX_WORLD_SIZE};
 
 /// One (size, stride) mode over the world index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -275,7 +275,8 @@ impl World {
     }
 }
 
-fn check_world_size(size: i128) -> Result<u64> {
+/// Validates a world size: positive, and at most [`MAX_WORLD_SIZE`] (ranks are int32).
+pub fn check_world_size(size: i128) -> Result<u64> {
     if size <= 0 {
         return Err(LayoutError::InvalidSize {
             field: "world_size".into(),
@@ -285,8 +286,10 @@ fn check_world_size(size: i128) -> Result<u64> {
     if size > MAX_WORLD_SIZE as i128 {
         return Err(LayoutError::Overflow {
             field: "world_size".into(),
-            value: size.to_string(),
-            detail: format!("ranks must fit int32, so at most {MAX_WORLD_SIZE} ranks"),
+            value: Value::Int(size),
+            detail: format!(
+                "ranks must fit int32, so a world holds at most {MAX_WORLD_SIZE} ranks"
+            ),
         });
     }
     Ok(size as u64)
@@ -295,21 +298,25 @@ fn check_world_size(size: i128) -> Result<u64> {
 type RankMaps = (Option<Box<[i32]>>, Option<Box<[i32]>>);
 
 fn validate_rank_map(size: u64, map: &[i64]) -> Result<RankMaps> {
-    let bad = |detail: String| LayoutError::InvalidRankMap {
+    let bad = |value: i128, detail: String| LayoutError::InvalidRankMap {
         world_size: size,
+        value: Value::Int(value),
         detail,
     };
     if map.len() as u64 != size {
-        return Err(bad(format!(
-            "it has {} entries, expected world_size = {size}",
-            map.len()
-        )));
+        return Err(bad(
+            map.len() as i128,
+            format!("it has {} entries, expected world_size = {size}", map.len()),
+        ));
     }
     let mut inverse = vec![-1i32; size as usize];
     let mut identity = true;
     for (i, &r) in map.iter().enumerate() {
         if r < 0 || r >= size as i64 {
-            return Err(bad(format!("rank_map[{i}] = {r} is outside 0..{size}")));
+            return Err(bad(
+                r.into(),
+                format!("rank_map[{i}] = {r} is outside 0..{size}"),
+            ));
         }
         let first = inverse[r as usize];
         if first >= 0 {
@@ -318,9 +325,12 @@ fn validate_rank_map(size: u64, map: &[i64]) -> Result<RankMaps> {
                 .filter(|&&x| x >= 0 && x < size as i64)
                 .for_each(|&x| seen[x as usize] = true);
             let missing = seen.iter().position(|&s| !s).unwrap_or(0);
-            return Err(bad(format!(
-                "rank {r} appears at indices {first} and {i}, and rank {missing} is missing"
-            )));
+            return Err(bad(
+                r.into(),
+                format!(
+                    "rank {r} appears at indices {first} and {i}, and rank {missing} is missing"
+                ),
+            ));
         }
         inverse[r as usize] = i as i32;
         identity &= r == i as i64;
@@ -364,21 +374,74 @@ impl Layout {
         }
     }
 
+    /// Rebuilds a layout from raw `(size, stride)` integers per dim, as Python hands them over (e.g.
+    /// when unpickling): each mode must be positive (else `InvalidLayout` on field `axes[a][k]`)
+    /// and fit 64 bits (else `Overflow` on the culprit, `axes[a][k][0]` for the size or
+    /// `axes[a][k][1]` for the stride); then [`Layout::from_parts`] validates the rest.
+    pub fn from_raw_parts(
+        world: Arc<World>,
+        axes: &[Vec<(i128, i128)>],
+        names: &[String],
+    ) -> Result<Layout> {
+        let mut modes = Vec::with_capacity(axes.len());
+        for (a, raw) in axes.iter().enumerate() {
+            let mut dim = Vec::with_capacity(raw.len());
+            for (k, &(size, stride)) in raw.iter().enumerate() {
+                let field = format!("axes[{a}][{k}]");
+                if size <= 0 || stride <= 0 {
+                    let detail = format!(
+                        "mode ({size}, {stride}) needs a positive size and stride; a mode is (size, stride) over the \
+                         world index, like torch's _MeshLayout shape and stride"
+                    );
+                    return Err(LayoutError::InvalidLayout {
+                        field,
+                        value: Value::Ints(vec![size, stride]),
+                        detail,
+                    });
+                }
+                let (Ok(s), Ok(d)) = (u64::try_from(size), u64::try_from(stride)) else {
+                    let (part, culprit, v) = if u64::try_from(size).is_err() {
+                        (0, "size", size)
+                    } else {
+                        (1, "stride", stride)
+                    };
+                    let detail = format!(
+                        "the {culprit} of mode ({size}, {stride}) does not fit 64 bits; no mode of a world of at most \
+                         {MAX_WORLD_SIZE} ranks is that large"
+                    );
+                    return Err(LayoutError::Overflow {
+                        field: format!("{field}[{part}]"),
+                        value: Value::Int(v),
+                        detail,
+                    });
+                };
+                dim.push(Mode::new(s, d));
+            }
+            modes.push(dim);
+        }
+        Self::from_parts(world, &modes, names)
+    }
+
     /// Rebuilds a layout from raw modes (e.g. when unpickling), validating everything.
     pub fn from_parts(world: Arc<World>, axes: &[Vec<Mode>], names: &[String]) -> Result<Layout> {
         if axes.len() != names.len() {
             return Err(LayoutError::SizeMismatch {
                 field: "names".into(),
-                detail: format!("{} axes but {} names", axes.len(), names.len()),
+                value: Value::Names(names.to_vec()),
+                detail: format!(
+                    "{} axes but {} names; give one name per dim",
+                    axes.len(),
+                    names.len()
+                ),
             });
         }
         check_names(names, "names")?;
-        let mut all = Vec::new();
         for (a, modes) in axes.iter().enumerate() {
-            for m in modes {
+            for (k, m) in modes.iter().enumerate() {
                 if m.size == 0 || m.stride == 0 {
                     return Err(LayoutError::InvalidLayout {
-                        field: format!("axes[{a}]"),
+                        field: format!("axes[{a}][{k}]"),
+                        value: Value::Ints(vec![m.size.into(), m.stride.into()]),
                         detail: format!(
                             "mode {}:{} needs a positive size and stride",
                             m.size, m.stride
@@ -386,9 +449,8 @@ impl Layout {
                     });
                 }
             }
-            all.extend_from_slice(modes);
         }
-        check_tiling(&all, world.size)?;
+        check_tiling(axes, world.size)?;
         let axes = axes.iter().map(|m| Axis::from_modes(m)).collect();
         Ok(Layout {
             world,
@@ -469,12 +531,14 @@ impl Layout {
         if sizes.is_empty() {
             return Err(LayoutError::SizeMismatch {
                 field: "sizes".into(),
+                value: Value::Ints(Vec::new()),
                 detail: "sizes is empty; give at least one size, e.g. (dim_size,)".into(),
             });
         }
         if sizes.len() != names.len() {
             return Err(LayoutError::SizeMismatch {
                 field: "names".into(),
+                value: Value::Names(names.to_vec()),
                 detail: format!(
                     "got {} sizes but {} names; give one name per size",
                     sizes.len(),
@@ -494,22 +558,27 @@ impl Layout {
             if s > MAX_WORLD_SIZE as i128 {
                 return Err(LayoutError::Overflow {
                     field: format!("sizes[{i}]"),
-                    value: s.to_string(),
+                    value: Value::Int(s),
                     detail: format!("a mesh dimension holds at most {MAX_WORLD_SIZE} ranks"),
                 });
             }
-            product = product
-                .checked_mul(s as u64)
-                .ok_or_else(|| LayoutError::Overflow {
-                    field: "sizes".into(),
-                    value: format!("{sizes:?}"),
-                    detail: "the product of sizes does not fit 64 bits".into(),
-                })?;
+            product = product.checked_mul(s as u64).ok_or_else(|| LayoutError::Overflow {
+                field: format!("sizes[{i}]"),
+                value: Value::Int(s),
+                detail: format!(
+                    "the product of sizes[0..={i}] {:?} does not fit 64 bits, while the sizes must multiply \
+                     to exactly {}, the size of dim {:?}",
+                    &sizes[..=i],
+                    axis.numel(),
+                    self.names[dim]
+                ),
+            })?;
             usizes.push(s as u64);
         }
         if product != axis.numel() {
             return Err(LayoutError::SizeMismatch {
                 field: "sizes".into(),
+                value: Value::Ints(sizes.to_vec()),
                 detail: format!(
                     "the product of sizes {sizes:?} is {product}, but dim {:?} has size {}; \
                      the sizes must multiply to exactly {}",
@@ -529,6 +598,7 @@ impl Layout {
             inner /= n;
             let modes = compose(axis.modes(), n, inner).ok_or_else(|| LayoutError::Incompatible {
                 field: "sizes".into(),
+                sizes: sizes.to_vec(),
                 detail: format!(
                     "sizes {sizes:?} cannot unflatten dim {:?}: its ranks form the non-uniform \
                      strides {} (it was flattened from non-adjacent dims) and size {n} does not split \
@@ -716,32 +786,52 @@ fn check_names(names: &[String], field: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks that `modes` are non-overlapping and, with their complement, tile `[0, world)`.
-fn check_tiling(modes: &[Mode], world: u64) -> Result<()> {
-    let mut sorted: Vec<Mode> = modes.iter().filter(|m| m.size > 1).copied().collect();
+/// Checks that the modes of `axes` are non-overlapping and, with their complement, tile
+/// `[0, world)`. A mode that alone spans more than the world is blamed by its field
+/// `axes[a][k]`; a fault between modes by the field `axes`, with every dim's modes as the value.
+fn check_tiling(axes: &[Vec<Mode>], world: u64) -> Result<()> {
+    for (a, modes) in axes.iter().enumerate() {
+        for (k, m) in modes.iter().enumerate() {
+            let span = u128::from(m.size) * u128::from(m.stride);
+            if m.size > 1 && span > u128::from(world) {
+                return Err(LayoutError::InvalidLayout {
+                    field: format!("axes[{a}][{k}]"),
+                    value: Value::Ints(vec![m.size.into(), m.stride.into()]),
+                    detail: format!(
+                        "mode {}:{} spans {span} world indices, more than a world of {world} ranks holds",
+                        m.size, m.stride
+                    ),
+                });
+            }
+        }
+    }
+    let all: Vec<Mode> = axes.iter().flatten().copied().collect();
+    let between = |detail: String| LayoutError::InvalidLayout {
+        field: "axes".into(),
+        value: Value::Modes(
+            axes.iter()
+                .map(|a| a.iter().map(|m| (m.size, m.stride)).collect())
+                .collect(),
+        ),
+        detail,
+    };
+    let mut sorted: Vec<Mode> = all.iter().filter(|m| m.size > 1).copied().collect();
     sorted.sort_by_key(|m| (m.stride, m.size));
     let mut cur = 1u64;
     for m in &sorted {
-        let span = m.size.checked_mul(m.stride);
-        if m.stride % cur != 0 || span.is_none() {
-            return Err(LayoutError::InvalidLayout {
-                field: "axes".into(),
-                detail: format!(
-                    "modes {} overlap or leave an uneven gap",
-                    describe_modes(modes)
-                ),
-            });
+        if m.stride % cur != 0 {
+            return Err(between(format!(
+                "modes {} overlap or leave an uneven gap",
+                describe_modes(&all)
+            )));
         }
-        cur = span.unwrap_or(u64::MAX);
+        cur = m.size * m.stride; // <= world, checked above
     }
-    if cur > world || world % cur != 0 {
-        return Err(LayoutError::InvalidLayout {
-            field: "axes".into(),
-            detail: format!(
-                "modes {} do not tile a world of {world} ranks",
-                describe_modes(modes)
-            ),
-        });
+    if world % cur != 0 {
+        return Err(between(format!(
+            "modes {} do not tile a world of {world} ranks",
+            describe_modes(&all)
+        )));
     }
     Ok(())
 }
@@ -804,7 +894,10 @@ mod tests {
             .unwrap();
         let ac = m.slice(&["a", "c"]).unwrap().flatten(None).unwrap();
         let e = ac.unflatten(0, &[3, 2], &names(&["x", "y"])).unwrap_err();
-        assert_eq!(e.kind(), "IncompatibleLayoutError");
+        assert!(
+            matches!(e, LayoutError::Incompatible { ref sizes, .. } if sizes == &[3, 2]),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -850,71 +943,243 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_typed() {
+        use LayoutError as E;
+        let int = Value::Int;
         assert_eq!(
-            Layout::world(0, None).unwrap_err().kind(),
-            "InvalidSizeError"
+            Layout::world(0, None).unwrap_err(),
+            E::InvalidSize {
+                field: "world_size".into(),
+                value: 0
+            }
         );
-        assert_eq!(
-            Layout::world(1 << 31, None).unwrap_err().kind(),
-            "LayoutOverflowError"
+        let e = Layout::world(1 << 31, None).unwrap_err();
+        assert!(
+            matches!(&e, E::Overflow { field, value, .. } if field == "world_size" && *value == int(1 << 31)),
+            "{e:?}"
         );
-        assert_eq!(
-            Layout::world(3, Some(&[0, 1, 1])).unwrap_err().kind(),
-            "InvalidRankMapError"
+        // rank maps: the value is the duplicated rank, the entry out of range, or the length
+        let e = Layout::world(3, Some(&[0, 1, 1])).unwrap_err();
+        assert!(
+            matches!(&e, E::InvalidRankMap { value, .. } if *value == int(1)),
+            "{e:?}"
         );
-        assert_eq!(
-            Layout::world(3, Some(&[0, 1])).unwrap_err().kind(),
-            "InvalidRankMapError"
+        let e = Layout::world(3, Some(&[0, 1])).unwrap_err();
+        assert!(
+            matches!(&e, E::InvalidRankMap { value, .. } if *value == int(2)),
+            "{e:?}"
         );
-        assert_eq!(
-            Layout::world(3, Some(&[0, 1, 3])).unwrap_err().kind(),
-            "InvalidRankMapError"
+        let e = Layout::world(3, Some(&[0, 1, 3])).unwrap_err();
+        assert!(
+            matches!(&e, E::InvalidRankMap { value, .. } if *value == int(3)),
+            "{e:?}"
         );
         let w = Layout::world(8, None).unwrap();
+        let e = w
+            .unflatten(0, &[2, 0, 4], &names(&["a", "b", "c"]))
+            .unwrap_err();
         assert_eq!(
-            w.unflatten(0, &[2, 0, 4], &names(&["a", "b", "c"]))
-                .unwrap_err()
-                .field(),
-            "sizes[1]"
+            e,
+            E::InvalidSize {
+                field: "sizes[1]".into(),
+                value: 0
+            }
         );
+        assert_eq!(e.field(), "sizes[1]");
+        let e = w.unflatten(0, &[2, 2], &names(&["a", "b"])).unwrap_err();
+        assert!(
+            matches!(&e, E::SizeMismatch { field, value, .. } if field == "sizes" && *value == Value::Ints(vec![2, 2]))
+        );
+        let e = w.unflatten(0, &[2, 4], &names(&["a", "a"])).unwrap_err();
         assert_eq!(
-            w.unflatten(0, &[2, 2], &names(&["a", "b"]))
-                .unwrap_err()
-                .kind(),
-            "SizeMismatchError"
+            e,
+            E::DuplicateName {
+                field: "names".into(),
+                name: "a".into()
+            }
         );
-        assert_eq!(
-            w.unflatten(0, &[2, 4], &names(&["a", "a"]))
-                .unwrap_err()
-                .kind(),
-            "DuplicateNameError"
+        let e = w.unflatten(0, &[2, 4], &names(&["a"])).unwrap_err();
+        assert!(
+            matches!(&e, E::SizeMismatch { field, value, .. } if field == "names" && *value == Value::Names(names(&["a"])))
         );
-        assert_eq!(
-            w.unflatten(0, &[2, 4], &names(&["a"])).unwrap_err().kind(),
-            "SizeMismatchError"
-        );
+        // the overflow blames the size that makes the product overflow, not "the product"
         let big = (1i128 << 31) - 1;
-        assert_eq!(
-            w.unflatten(0, &[big, big, big], &names(&["a", "b", "c"]))
-                .unwrap_err()
-                .kind(),
-            "LayoutOverflowError"
+        let e = w
+            .unflatten(0, &[big, big, big], &names(&["a", "b", "c"]))
+            .unwrap_err();
+        assert!(
+            matches!(&e, E::Overflow { field, value, .. } if field == "sizes[2]" && *value == int(big)),
+            "{e:?}"
+        );
+        let e = w
+            .unflatten(0, &[4, big + 1], &names(&["a", "b"]))
+            .unwrap_err();
+        assert!(
+            matches!(&e, E::Overflow { field, value, .. } if field == "sizes[1]" && *value == int(big + 1)),
+            "{e:?}"
         );
         let m = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        assert!(matches!(
+            m.slice(&["tp", "dp"]).unwrap_err(),
+            E::SliceOrder { .. }
+        ));
+        assert!(matches!(
+            m.slice(&["pp"]).unwrap_err(),
+            E::UnknownName { .. }
+        ));
+        assert!(matches!(
+            m.slice::<&str>(&[]).unwrap_err(),
+            E::EmptySlice { .. }
+        ));
+        assert!(matches!(
+            m.slice(&["dp", "dp"]).unwrap_err(),
+            E::DuplicateName { .. }
+        ));
         assert_eq!(
-            m.slice(&["tp", "dp"]).unwrap_err().kind(),
-            "SliceOrderError"
+            m.group(8, 0).unwrap_err(),
+            E::RankOutOfRange {
+                rank: 8,
+                world_size: 8
+            }
         );
-        assert_eq!(m.slice(&["pp"]).unwrap_err().kind(), "UnknownNameError");
-        assert_eq!(m.slice::<&str>(&[]).unwrap_err().kind(), "EmptySliceError");
         assert_eq!(
-            m.slice(&["dp", "dp"]).unwrap_err().kind(),
-            "DuplicateNameError"
+            m.group(-1, 0).unwrap_err(),
+            E::RankOutOfRange {
+                rank: -1,
+                world_size: 8
+            }
         );
-        assert_eq!(m.group(8, 0).unwrap_err().kind(), "RankOutOfRangeError");
-        assert_eq!(m.group(-1, 0).unwrap_err().kind(), "RankOutOfRangeError");
-        assert_eq!(m.dim_index(2).unwrap_err().kind(), "DimOutOfRangeError");
+        assert!(matches!(
+            m.dim_index(2).unwrap_err(),
+            E::DimOutOfRange {
+                dim: 2,
+                ndim: 2,
+                ..
+            }
+        ));
         assert_eq!(m.dim_index(-1).unwrap(), 1);
+    }
+
+    #[test]
+    fn raw_parts_are_validated_with_the_mode_named() {
+        use LayoutError as E;
+        let w = Layout::world(8, None).unwrap().world_arc().clone();
+        let ok = Layout::from_raw_parts(
+            w.clone(),
+            &[vec![(2, 4)], vec![(4, 1)]],
+            &names(&["dp", "tp"]),
+        )
+        .unwrap();
+        assert_eq!(ok.shape(), vec![2, 4]);
+        let bad = |axes: &[Vec<(i128, i128)>]| {
+            let n: Vec<String> = (0..axes.len()).map(|i| format!("d{i}")).collect();
+            Layout::from_raw_parts(w.clone(), axes, &n).unwrap_err()
+        };
+        let e = bad(&[vec![(2, 4)], vec![(-4, 1)]]);
+        assert!(
+            matches!(&e, E::InvalidLayout { field, value, .. } if field == "axes[1][0]" && *value == Value::Ints(vec![-4, 1])),
+            "{e:?}"
+        );
+        let huge = 1i128 << 64;
+        let e = bad(&[vec![(2, 4), (4, huge)]]);
+        assert!(
+            matches!(&e, E::Overflow { field, value, .. } if field == "axes[0][1][1]" && *value == Value::Int(huge)),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("stride of mode (4, 18446744073709551616) does not fit 64 bits"),
+            "{e}"
+        );
+        // a span beyond 64 bits is just a mode larger than the world
+        let e = bad(&[vec![(4, 1 << 63)], vec![(2, 1)]]);
+        assert!(
+            matches!(&e, E::InvalidLayout { field, .. } if field == "axes[0][0]"),
+            "{e:?}"
+        );
+        let e = bad(&[vec![(2, 4)], vec![(4, 2)]]);
+        assert!(
+            matches!(&e, E::InvalidLayout { field, value, .. }
+            if field == "axes" && *value == Value::Modes(vec![vec![(2, 4)], vec![(4, 2)]])),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn slice_order_hint_is_an_order_that_slices() {
+        // mesh order is position order, which need not be stride order (from raw modes) nor the
+        // order of an earlier mesh (names from a flatten then an unflatten)
+        let w = Layout::world(24, None).unwrap();
+        let m = w
+            .unflatten(0, &[2, 3, 4], &names(&["a", "b", "c"]))
+            .unwrap();
+        let raw = |axes: Vec<Vec<Mode>>, n: &[&str]| {
+            Layout::from_parts(w.world_arc().clone(), &axes, &names(n)).unwrap()
+        };
+        let layouts = [
+            m.clone(),
+            // tp innermost but first; a flattened dim "pp_b" second
+            raw(
+                vec![
+                    vec![Mode::new(4, 1)],
+                    vec![Mode::new(2, 12), Mode::new(3, 4)],
+                ],
+                &["tp", "pp_b"],
+            ),
+            raw(
+                vec![
+                    vec![Mode::new(4, 1)],
+                    vec![Mode::new(2, 12)],
+                    vec![Mode::new(3, 4)],
+                ],
+                &["tp", "pp", "b"],
+            ),
+            m.slice(&["a", "c"])
+                .unwrap()
+                .flatten(None)
+                .unwrap()
+                .unflatten(0, &[2, 2, 2], &names(&["x", "y", "z"]))
+                .unwrap(),
+            m.unflatten(2, &[2, 2], &names(&["c0", "c1"])).unwrap(),
+        ];
+        for l in &layouts {
+            let n = l.names().to_vec();
+            for k in 2..=n.len() {
+                for_each_permutation(&n, k, &mut |p: &[String]| {
+                    if let Err(LayoutError::SliceOrder {
+                        fix, names: given, ..
+                    }) = l.slice(p)
+                    {
+                        assert_eq!(given, p);
+                        let fixed = l
+                            .slice(&fix)
+                            .unwrap_or_else(|e| panic!("hint {fix:?} for {p:?} fails: {e}"));
+                        let mut a = fix.clone();
+                        let mut b = p.to_vec();
+                        a.sort();
+                        b.sort();
+                        assert_eq!(a, b);
+                        assert_eq!(fixed.names(), fix);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Calls `f` with every ordered selection of `k` distinct items of `items`.
+    fn for_each_permutation(items: &[String], k: usize, f: &mut dyn FnMut(&[String])) {
+        fn go(items: &[String], k: usize, cur: &mut Vec<String>, f: &mut dyn FnMut(&[String])) {
+            if cur.len() == k {
+                return f(cur);
+            }
+            for it in items {
+                if !cur.contains(it) {
+                    cur.push(it.clone());
+                    go(items, k, cur, f);
+                    cur.pop();
+                }
+            }
+        }
+        go(items, k, &mut Vec::new(), f)
     }
 
     #[test]

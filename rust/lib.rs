@@ -7,7 +7,7 @@
 pub mod error;
 pub mod layout;
 
-pub use error::{LayoutError, Result, MAX_WORLD_SIZE};
+pub use error::{LayoutError, Result, Value, MAX_WORLD_SIZE};
 pub use layout::{Axis, Layout, Mode, World};
 
 #[cfg(feature = "python")]

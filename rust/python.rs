@@ -2,39 +2,115 @@
 //!
 //! Every call into the core goes through [`guarded`], which releases the GIL, turns a panic into
 //! `rankmesh.errors.InternalError` and maps each [`LayoutError`] to its typed exception class in
-//! `rankmesh.errors`. Arrays leave as numpy int32, C-contiguous, built from the Rust `Vec`
-//! without copying.
+//! `rankmesh.errors` (one `match`, in [`to_pyerr`]), with the offending value as a Python object.
+//! Arguments are read by one rule (`rankmesh._check`'s): a wrong type raises `ArgumentTypeError`.
+//! Arrays leave as numpy int32, C-contiguous, built from the Rust `Vec` without copying.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1};
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::PyTypeInfo;
 
-use crate::error::LayoutError;
-use crate::layout::{Layout, Mode, World};
+use crate::error::{LayoutError, Value};
+use crate::layout::{check_world_size, Layout, World};
 
-static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+/// The classes of `rankmesh.errors` the glue raises, imported once each.
+mod errors {
+    use pyo3::import_exception;
 
-/// Builds the Python exception for a core error: `rankmesh.errors.<Kind>(message, field, value)`.
-fn to_pyerr(py: Python<'_>, e: &LayoutError) -> PyErr {
-    raise(py, e.kind(), e.to_string(), e.field(), e.value())
+    import_exception!(rankmesh.errors, InvalidSizeError);
+    import_exception!(rankmesh.errors, SizeMismatchError);
+    import_exception!(rankmesh.errors, LayoutOverflowError);
+    import_exception!(rankmesh.errors, UnknownNameError);
+    import_exception!(rankmesh.errors, DuplicateNameError);
+    import_exception!(rankmesh.errors, InvalidNameError);
+    import_exception!(rankmesh.errors, SliceOrderError);
+    import_exception!(rankmesh.errors, EmptySliceError);
+    import_exception!(rankmesh.errors, RankOutOfRangeError);
+    import_exception!(rankmesh.errors, DimOutOfRangeError);
+    import_exception!(rankmesh.errors, InvalidRankMapError);
+    import_exception!(rankmesh.errors, IncompatibleLayoutError);
+    import_exception!(rankmesh.errors, InvalidLayoutError);
+    import_exception!(rankmesh.errors, ArgumentTypeError);
+    import_exception!(rankmesh.errors, InternalError);
+}
+use errors::*;
+
+/// `T(message, field=field, value=value)`, an instance of a `rankmesh.errors` class.
+fn new_error<'py, T: PyTypeInfo>(
+    py: Python<'py>,
+    message: String,
+    field: &str,
+    value: impl IntoPyObject<'py>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("field", field)?;
+        kwargs.set_item("value", value)?;
+        Ok(PyErr::from_value(
+            T::type_object(py).call((message,), Some(&kwargs))?,
+        ))
+    };
+    build().unwrap_or_else(|err| err)
 }
 
-fn raise(py: Python<'_>, kind: &str, message: String, field: String, value: String) -> PyErr {
+/// A core [`Value`] as the Python object it stands for.
+fn value_object<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Int(v) => v.into_pyobject(py)?.into_any(),
+        Value::Ints(v) => PyTuple::new(py, v)?.into_any(),
+        Value::Names(v) => PyTuple::new(py, v)?.into_any(),
+        Value::Modes(v) => v.into_pyobject(py)?.into_any(),
+    })
+}
+
+/// The one mapping of core errors to Python: each variant to its class in `rankmesh.errors`,
+/// with `field` and the offending value as a Python object (see each variant's docs).
+fn to_pyerr(py: Python<'_>, e: &LayoutError) -> PyErr {
+    use LayoutError as E;
+    let (message, field) = (e.to_string(), e.field());
     let build = || -> PyResult<PyErr> {
-        let module =
-            ERRORS.get_or_try_init(py, || py.import("rankmesh.errors").map(Bound::unbind))?;
-        let cls = module.bind(py).getattr(kind)?;
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("field", field.clone())?;
-        kwargs.set_item("value", value.clone())?;
-        Ok(PyErr::from_value(
-            cls.call((message.clone(),), Some(&kwargs))?,
-        ))
+        Ok(match e {
+            E::InvalidSize { value, .. } => {
+                new_error::<InvalidSizeError>(py, message, field, *value)
+            }
+            E::SizeMismatch { value, .. } => {
+                new_error::<SizeMismatchError>(py, message, field, value_object(py, value)?)
+            }
+            E::Overflow { value, .. } => {
+                new_error::<LayoutOverflowError>(py, message, field, value_object(py, value)?)
+            }
+            E::UnknownName { name, .. } => new_error::<UnknownNameError>(py, message, field, name),
+            E::DuplicateName { name, .. } => {
+                new_error::<DuplicateNameError>(py, message, field, name)
+            }
+            E::InvalidName { name, .. } => new_error::<InvalidNameError>(py, message, field, name),
+            E::SliceOrder { names, .. } => {
+                new_error::<SliceOrderError>(py, message, field, PyTuple::new(py, names)?)
+            }
+            E::EmptySlice { .. } => {
+                new_error::<EmptySliceError>(py, message, field, PyTuple::empty(py))
+            }
+            E::RankOutOfRange { rank, .. } => {
+                new_error::<RankOutOfRangeError>(py, message, field, *rank)
+            }
+            E::DimOutOfRange { dim, .. } => {
+                new_error::<DimOutOfRangeError>(py, message, field, *dim)
+            }
+            E::InvalidRankMap { value, .. } => {
+                new_error::<InvalidRankMapError>(py, message, field, value_object(py, value)?)
+            }
+            E::Incompatible { sizes, .. } => {
+                new_error::<IncompatibleLayoutError>(py, message, field, PyTuple::new(py, sizes)?)
+            }
+            E::InvalidLayout { value, .. } => {
+                new_error::<InvalidLayoutError>(py, message, field, value_object(py, value)?)
+            }
+        })
     };
     build().unwrap_or_else(|err| err)
 }
@@ -54,80 +130,268 @@ where
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(raise(
-                py,
-                "InternalError",
-                format!("internal error in rankmesh's core (please report it): {msg}"),
-                String::new(),
-                msg,
-            ))
+            let message = format!("internal error in rankmesh's core (please report it): {msg}");
+            Err(new_error::<InternalError>(py, message, "", msg))
         }
     }
 }
 
-/// Extracts a Python int (or anything with `__index__`), mapping overflow to a typed error.
-fn int_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<i128> {
-    match obj.extract::<i128>() {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_instance_of::<PyOverflowError>(py) => Err(to_pyerr(
-            py,
-            &LayoutError::Overflow {
-                field: field.into(),
-                value: obj.str().map(|s| s.to_string()).unwrap_or_default(),
-                detail: "the value does not fit a 128-bit integer".into(),
-            },
-        )),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "{field} must be an int, got {}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))),
+/// `type value` for messages, e.g. `float 2.0` (the repr cut short if very long).
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".into());
+    let repr = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unprintable>".into());
+    if repr.chars().count() > 80 {
+        format!("{ty} {}...", repr.chars().take(77).collect::<String>())
+    } else {
+        format!("{ty} {repr}")
     }
 }
 
-/// Converts any 1-D integer sequence or array to a contiguous int64 numpy array.
+/// `ArgumentTypeError(message, field=field, value=obj)`.
+fn type_error(py: Python<'_>, message: String, field: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    new_error::<ArgumentTypeError>(py, message, field, obj)
+}
+
+/// Extracts an integer by `rankmesh._check`'s rule: anything with `__index__` (numpy integers
+/// included) except `bool`; floats (even `2.0`) and strings raise `ArgumentTypeError`, and an
+/// integer beyond 128 bits `LayoutOverflowError`, each naming `field` and holding `obj`.
+fn int_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<i128> {
+    if obj.is_instance_of::<PyBool>() {
+        let message = format!(
+            "{field} must be an int, got {}; write the number itself",
+            describe(obj)
+        );
+        return Err(type_error(py, message, field, obj));
+    }
+    match obj.extract::<i128>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyOverflowError>(py) => {
+            // str() refuses ints of more than 4300 digits: say how big it is instead
+            let shown = obj.str().map(|s| s.to_string()).unwrap_or_else(|_| {
+                let bits = obj
+                    .call_method0("bit_length")
+                    .map(|b| b.to_string())
+                    .unwrap_or_default();
+                format!("<an int of {bits} bits>")
+            });
+            let message = format!(
+                "{field} = {shown} overflows: it does not fit a 128-bit integer, and no size, rank or dim of a \
+                 world of at most {} ranks comes near",
+                crate::error::MAX_WORLD_SIZE
+            );
+            Err(new_error::<LayoutOverflowError>(py, message, field, obj))
+        }
+        Err(_) => Err(type_error(
+            py,
+            format!("{field} must be an int, got {}", describe(obj)),
+            field,
+            obj,
+        )),
+    }
+}
+
+/// The items of a sequence argument; a `str` or `bytes` (an easy slip for one name) or a
+/// non-iterable raises `ArgumentTypeError` naming `field`.
+fn items_arg<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    field: &str,
+    what: &str,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        let message = format!(
+            "{field} must be a sequence of {what}, got {}; wrap it, e.g. ({},)",
+            describe(obj),
+            obj.repr().map(|r| r.to_string()).unwrap_or_default()
+        );
+        return Err(type_error(py, message, field, obj));
+    }
+    match obj.try_iter() {
+        Ok(it) => it.collect(),
+        Err(_) => Err(type_error(
+            py,
+            format!(
+                "{field} must be a sequence of {what}, got {}",
+                describe(obj)
+            ),
+            field,
+            obj,
+        )),
+    }
+}
+
+/// One name: a `str` (else `ArgumentTypeError`) that is valid Unicode (else `InvalidNameError`).
+fn name_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<String> {
+    let Ok(s) = obj.cast::<PyString>() else {
+        return Err(type_error(
+            py,
+            format!("{field} must be a str, got {}", describe(obj)),
+            field,
+            obj,
+        ));
+    };
+    s.to_str().map(str::to_string).map_err(|_| {
+        let message = format!(
+            "{field} = {} is not valid Unicode text (it holds a lone surrogate)",
+            describe(obj)
+        );
+        new_error::<InvalidNameError>(py, message, field, obj)
+    })
+}
+
+/// A sequence of names; a wrong-type entry is blamed as `field[i]`.
+fn names_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<String>> {
+    let items = items_arg(py, obj, field, "str names")?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, x)| name_arg(py, x, &format!("{field}[{i}]")))
+        .collect()
+}
+
+/// Raw modes per dim, `[[(size, stride), ...], ...]`, as `with_modes` and unpickling take them.
+/// Wrong types raise `ArgumentTypeError`, a mode that is not a pair `InvalidLayoutError`, each
+/// naming the place (`axes[a][k]`); the core checks the values (`Layout::from_raw_parts`).
+fn axes_arg(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<(i128, i128)>>> {
+    let mut axes = Vec::new();
+    for (a, axis) in items_arg(py, obj, "axes", "dims' modes")?
+        .iter()
+        .enumerate()
+    {
+        let mut modes = Vec::new();
+        for (k, mode) in items_arg(py, axis, &format!("axes[{a}]"), "(size, stride) modes")?
+            .iter()
+            .enumerate()
+        {
+            let field = format!("axes[{a}][{k}]");
+            let pair = items_arg(py, mode, &field, "two ints")?;
+            if pair.len() != 2 {
+                let message = format!(
+                    "{field} must be a (size, stride) pair, got {} items: {}",
+                    pair.len(),
+                    describe(mode)
+                );
+                return Err(new_error::<InvalidLayoutError>(py, message, &field, mode));
+            }
+            modes.push((
+                int_arg(py, &pair[0], &format!("{field}[0]"))?,
+                int_arg(py, &pair[1], &format!("{field}[1]"))?,
+            ));
+        }
+        axes.push(modes);
+    }
+    Ok(axes)
+}
+
+/// Converts a 1-D sequence or array of integer ranks to a contiguous int64 numpy array.
+/// Non-integer entries (floats, bools, strings) and what numpy cannot read raise
+/// `ArgumentTypeError`; an array that is not 1-D and an entry beyond int64 raise
+/// `InvalidRankMapError` (the core checks the rest).
 fn rank_map_arg<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
-    world_size: i128,
+    world_size: u64,
 ) -> PyResult<PyReadonlyArray1<'py, i64>> {
     let np = py.import("numpy")?;
-    let arr = np.call_method1("asarray", (obj,))?;
-    let bad = |detail: String| {
-        to_pyerr(
+    let field = "rank_map";
+    let wrong_type = |what: String, value: &Bound<'py, PyAny>| {
+        type_error(py, format!("rank_map must be a 1-D sequence of int ranks (a permutation of range({world_size})), {what}"), field, value)
+    };
+    let entry_outside = |i: usize, v: &Bound<'py, PyAny>| {
+        let message = format!("rank_map is not a permutation of range({world_size}): rank_map[{i}] = {v} is outside 0..{world_size}");
+        match v.extract::<i128>() {
+            Ok(n) => to_pyerr(
+                py,
+                &LayoutError::InvalidRankMap {
+                    world_size,
+                    value: Value::Int(n),
+                    detail: format!("rank_map[{i}] = {n} is outside 0..{world_size}"),
+                },
+            ),
+            Err(_) => new_error::<InvalidRankMapError>(py, message, field, v),
+        }
+    };
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(wrong_type(format!("got {}", describe(obj)), obj));
+    }
+    let arr = match np.call_method1("asarray", (obj,)) {
+        Ok(arr) => arr,
+        Err(e) => {
+            let err = wrong_type(
+                format!("but numpy cannot read {} as an array: {e}", describe(obj)),
+                obj,
+            );
+            err.set_cause(py, Some(e));
+            return Err(err);
+        }
+    };
+    let ndim: usize = arr.getattr("ndim")?.extract()?;
+    if ndim == 0 {
+        return Err(wrong_type(format!("got {}", describe(obj)), obj));
+    }
+    if ndim != 1 {
+        let shape: Vec<i128> = arr.getattr("shape")?.extract()?;
+        let detail = format!("it must be 1-D, got {ndim} dimensions of shape {shape:?}");
+        return Err(to_pyerr(
             py,
             &LayoutError::InvalidRankMap {
-                world_size: world_size.max(0) as u64,
+                world_size,
+                value: Value::Ints(shape),
                 detail,
             },
-        )
-    };
-    let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
-    let empty = arr.getattr("size")?.extract::<usize>()? == 0;
-    if !(kind == "i" || kind == "u" || empty) {
-        let dtype = arr.getattr("dtype")?.str()?.to_string();
-        return Err(bad(format!("it must hold integers, got dtype {dtype}")));
+        ));
     }
-    let ndim: usize = arr.getattr("ndim")?.extract()?;
-    if ndim != 1 {
-        return Err(bad(format!("it must be 1-D, got {ndim} dimensions")));
+    let dtype = arr.getattr("dtype")?;
+    let kind: String = dtype.getattr("kind")?.extract()?;
+    let len: usize = arr.getattr("size")?.extract()?;
+    match kind.as_str() {
+        "i" => {}
+        "u" => {
+            // uint64 entries beyond int64 would wrap in the conversion: report them as they are
+            let big =
+                np.call_method1("flatnonzero", (arr.call_method1("__gt__", (i64::MAX,))?,))?;
+            if big.len()? > 0 {
+                let i: usize = big.get_item(0)?.extract()?;
+                return Err(entry_outside(i, &arr.get_item(i)?.call_method0("item")?));
+            }
+        }
+        _ if len == 0 => {} // `[]` reads as float64; its length is what is wrong
+        "O" => {
+            // mixed Python objects, or ints beyond int64: find the first entry at fault
+            for (i, x) in arr.call_method0("tolist")?.try_iter()?.enumerate() {
+                let x = x?;
+                match int_arg(py, &x, &format!("rank_map[{i}]")) {
+                    Ok(v) if i64::try_from(v).is_ok() => {}
+                    Ok(_) => return Err(entry_outside(i, &x)),
+                    Err(e) if e.is_instance_of::<PyOverflowError>(py) => {
+                        return Err(entry_outside(i, &x))
+                    }
+                    Err(_) => {
+                        let what = format!("got {} at rank_map[{i}]", describe(&x));
+                        return Err(wrong_type(what, &x));
+                    }
+                }
+            }
+        }
+        _ => {
+            let first = arr.get_item(0)?.call_method0("item")?;
+            let what = format!(
+                "got {} entries such as rank_map[0] = {}",
+                dtype.str()?,
+                first.repr()?
+            );
+            return Err(wrong_type(what, &first));
+        }
     }
     let arr = np.call_method1("ascontiguousarray", (arr, "int64"))?;
     Ok(arr.extract()?)
-}
-
-fn names_arg(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<Vec<String>> {
-    if obj.is_instance_of::<PyString>() {
-        return Err(PyTypeError::new_err(format!(
-            "{field} must be a sequence of names, got the string {:?}; wrap it, e.g. ({:?},)",
-            obj.to_string(),
-            obj.to_string()
-        )));
-    }
-    obj.extract::<Vec<String>>()
-        .map_err(|_| PyTypeError::new_err(format!("{field} must be a sequence of str")))
 }
 
 fn int32_array<'py>(
@@ -170,10 +434,11 @@ impl PyMeshLayout {
         rank_map: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let size = int_arg(py, world_size, "world_size")?;
+        let valid = check_world_size(size).map_err(|e| to_pyerr(py, &e))?; // before the rank map
         let layout = match rank_map {
             None => guarded(py, || Layout::world(size, None))?,
             Some(obj) => {
-                let arr = rank_map_arg(py, obj, size)?;
+                let arr = rank_map_arg(py, obj, valid)?;
                 let slice = arr.as_slice()?;
                 guarded(py, || Layout::world(size, Some(slice)))?
             }
@@ -190,30 +455,28 @@ impl PyMeshLayout {
         names: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         let d = self.dim_arg(py, dim)?;
-        let sizes: Vec<Bound<'_, PyAny>> = sizes
-            .try_iter()
-            .map_err(|_| PyTypeError::new_err("sizes must be a sequence of int"))?
-            .collect::<PyResult<_>>()?;
-        let sizes: Vec<i128> = sizes
+        let sizes: Vec<i128> = items_arg(py, sizes, "sizes", "ints")?
             .iter()
             .enumerate()
             .map(|(i, s)| int_arg(py, s, &format!("sizes[{i}]")))
             .collect::<PyResult<_>>()?;
-        let names = names_arg(names, "names")?;
+        let names = names_arg(py, names, "names")?;
         let inner = &self.inner;
         guarded(py, || inner.unflatten(d, &sizes, &names)).map(Self::wrap)
     }
 
     /// Slices by one name or a tuple of names, in mesh order, like `DeviceMesh.__getitem__`.
     fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let names: Vec<String> = if let Ok(s) = key.cast::<PyString>() {
-            vec![s.to_string()]
+        let names: Vec<String> = if key.is_instance_of::<PyString>() {
+            vec![name_arg(py, key, "names")?]
         } else if key.is_instance_of::<PyTuple>() || key.is_instance_of::<PyList>() {
-            key.extract()?
+            names_arg(py, key, "names")?
         } else {
-            return Err(PyTypeError::new_err(
-                "index a MeshLayout with a dim name or a tuple of names",
-            ));
+            let message = format!(
+                "index a MeshLayout with a dim name or a tuple of names, got {}",
+                describe(key)
+            );
+            return Err(type_error(py, message, "names", key));
         };
         let inner = &self.inner;
         guarded(py, || inner.slice(&names)).map(Self::wrap)
@@ -225,20 +488,19 @@ impl PyMeshLayout {
     fn with_modes(
         &self,
         py: Python<'_>,
-        axes: Vec<Vec<(u64, u64)>>,
-        names: Vec<String>,
+        axes: &Bound<'_, PyAny>,
+        names: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let modes: Vec<Vec<Mode>> = axes
-            .iter()
-            .map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect())
-            .collect();
+        let axes = axes_arg(py, axes)?;
+        let names = names_arg(py, names, "names")?;
         let w: Arc<World> = self.inner.world_arc().clone();
-        guarded(py, || Layout::from_parts(w, &modes, &names)).map(Self::wrap)
+        guarded(py, || Layout::from_raw_parts(w, &axes, &names)).map(Self::wrap)
     }
 
     /// A 1-D layout over all dims of this one (adjacent or not), like `DeviceMesh._flatten`.
     #[pyo3(signature = (name = None))]
-    fn flatten(&self, py: Python<'_>, name: Option<String>) -> PyResult<Self> {
+    fn flatten(&self, py: Python<'_>, name: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let name = name.map(|n| name_arg(py, n, "name")).transpose()?;
         let inner = &self.inner;
         guarded(py, || inner.flatten(name.as_deref())).map(Self::wrap)
     }
@@ -433,22 +695,34 @@ impl PyMeshLayout {
     }
 }
 
-/// Rebuilds a pickled MeshLayout, validating every part.
+/// Rebuilds a pickled MeshLayout from `(world_size, rank_map, axes, names)`, validating every
+/// part: whatever the payload holds, a failure is a typed `rankmesh.errors` class naming its field.
 #[pyfunction]
-fn _restore(
-    py: Python<'_>,
-    world_size: &Bound<'_, PyAny>,
-    rank_map: Option<&Bound<'_, PyAny>>,
-    axes: Vec<Vec<(u64, u64)>>,
-    names: Vec<String>,
-) -> PyResult<PyMeshLayout> {
-    let world = PyMeshLayout::world(py, world_size, rank_map)?;
-    let modes: Vec<Vec<Mode>> = axes
-        .iter()
-        .map(|a| a.iter().map(|&(s, d)| Mode::new(s, d)).collect())
-        .collect();
+#[pyo3(signature = (*state))]
+fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout> {
+    if state.len() != 4 {
+        let message = format!(
+            "a pickled MeshLayout has 4 parts (world_size, rank_map, axes, names), got {}; the pickle is corrupted",
+            state.len()
+        );
+        return Err(new_error::<InvalidLayoutError>(
+            py,
+            message,
+            "state",
+            state.len(),
+        ));
+    }
+    let rank_map = state.get_item(1)?;
+    let rank_map = if rank_map.is_none() {
+        None
+    } else {
+        Some(&rank_map)
+    };
+    let world = PyMeshLayout::world(py, &state.get_item(0)?, rank_map)?;
+    let axes = axes_arg(py, &state.get_item(2)?)?;
+    let names = names_arg(py, &state.get_item(3)?, "names")?;
     let w: Arc<World> = world.inner.world_arc().clone();
-    guarded(py, || Layout::from_parts(w, &modes, &names)).map(PyMeshLayout::wrap)
+    guarded(py, || Layout::from_raw_parts(w, &axes, &names)).map(PyMeshLayout::wrap)
 }
 
 /// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
@@ -465,5 +739,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_restore, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("MAX_WORLD_SIZE", crate::error::MAX_WORLD_SIZE)?;
+    // the one version: Cargo.toml's, which maturin also gives the Python package
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
