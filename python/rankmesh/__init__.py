@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from rankmesh.parallel_dims import ParallelDims
     from rankmesh.torch_layer import BuildReport, MeshBuilder, check_consistency
 
-__version__ = "0.1.0"
+from rankmesh._native import __version__ as __version__  # Cargo.toml's, built into the extension
 
 # The torch layer imports torch (seconds); the layout algebra needs only numpy. Import it lazily.
 _LAZY = {
