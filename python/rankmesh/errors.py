@@ -149,7 +149,8 @@ class InvalidLayoutError(RankmeshError):
 class MeshArgumentError(RankmeshError, RuntimeError):
     """An argument of :func:`rankmesh.init_device_mesh` or a mesh derivation that torch rejects
     with a ``RuntimeError`` (a device type with an index, a ``backend_override`` key that names
-    no dim, a mesh without dim names to flatten or unflatten). Also a ``RuntimeError``. An
+    no dim, a mesh without dim names to flatten or unflatten) or that it cannot use (a backend
+    name torch.distributed does not know). Also a ``RuntimeError``. An
     argument of the wrong type (a float size, a name that is not a str) is an
     :class:`ArgumentTypeError` instead (see :mod:`rankmesh._check`)."""
 

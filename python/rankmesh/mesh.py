@@ -63,7 +63,7 @@ from rankmesh.errors import (
     SliceOrderError,
     UnknownNameError,
 )
-from rankmesh.torch_layer import FAKE, BuildReport, MeshBuilder
+from rankmesh.torch_layer import FAKE, BuildReport, MeshBuilder, check_backend_name
 
 __all__ = ["FastDeviceMesh", "init_device_mesh"]
 
@@ -218,6 +218,7 @@ def _backend_config(value: Any, field: str) -> BackendConfig:
     """One dim's override as torch takes it (a backend name, ``Backend.Options``, or a
     ``(name, options)`` pair), as torch's ``(backend, options)`` pair."""
     if isinstance(value, str):
+        check_backend_name(value, field)
         return (value, None)
     if isinstance(value, _C10dOptions):
         return (None, value)
@@ -227,6 +228,7 @@ def _backend_config(value: Any, field: str) -> BackendConfig:
         and isinstance(value[0], (str, type(None)))
         and isinstance(value[1], (_C10dOptions, type(None)))
     ):
+        check_backend_name(value[0], field)
         return value
     raise ArgumentTypeError(
         f"{field} must be a backend name (e.g. 'gloo', 'fake'), a Backend.Options, or a (name, options) "

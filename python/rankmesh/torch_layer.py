@@ -49,6 +49,7 @@ from rankmesh.errors import (
     ConfigMismatchError,
     ConsistencyTimeoutError,
     DistributedStateError,
+    MeshArgumentError,
 )
 
 __all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
@@ -547,12 +548,33 @@ def _check_str(value: Any, field: str, *, optional: bool = False) -> None:
     )
 
 
+def check_backend_name(name: str | None, field: str) -> None:
+    """A single backend name (``"gloo"``, ``"nccl"``, ``"fake"``, a registered plugin) must be one
+    torch.distributed knows, or group creation fails later with torch's bare ``AssertionError``.
+    ``None`` and the ``"device:backend,..."`` form are left to torch."""
+    if name is None or ":" in name or name == FAKE or name.lower() in dist.Backend.backend_list:
+        return
+    ensure = getattr(dist.Backend, "_ensure_backend_registered", None)  # plugins (entry points), torch >= 2.14
+    if ensure is not None:
+        with contextlib.suppress(Exception):
+            ensure(name)
+        if name.lower() in dist.Backend.backend_list:
+            return
+    raise MeshArgumentError(
+        f"{field} {name!r} is not a torch.distributed backend (known: {', '.join(dist.Backend.backend_list)}); "
+        "fix the name, or register the backend with torch.distributed.Backend.register_backend first",
+        field=field,
+        value=name,
+    )
+
+
 def _check_group_args(
     backend: Any, timeout: Any, group_desc: Any, tag: Any
 ) -> tuple[str | None, datetime.timedelta | None]:
     """The optional arguments of a process group: ``backend``, ``group_desc`` and ``tag`` are
     str or None; ``timeout`` None, seconds or a timedelta (returned as a timedelta)."""
     _check_str(backend, "backend", optional=True)
+    check_backend_name(backend, "backend")
     _check_str(group_desc, "group_desc", optional=True)
     _check_str(tag, "tag", optional=True)
     return backend, None if timeout is None else as_timeout(timeout, "timeout")
@@ -670,7 +692,7 @@ def check_consistency(
     fp = as_u64(fingerprint, "fingerprint")
     timeout = as_timeout(timeout, "timeout")
     if group is not None and not isinstance(group, dist.ProcessGroup):
-        outside = group is dist.GroupMember.NON_GROUP_MEMBER
+        outside = type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER
         raise ArgumentTypeError(
             "group is GroupMember.NON_GROUP_MEMBER: this rank is not in the group; call check_consistency "
             "only on the group's members"
