@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rankmesh import _torch_compat
 from rankmesh.errors import (
+    ArgumentTypeError,
     DimOutOfRangeError,
     DuplicateNameError,
     IncompatibleLayoutError,
@@ -608,6 +609,24 @@ def test_mesh_shape_smaller_than_the_world_raises_size_mismatch():
     with fake_world(8, 3):
         with pytest.raises(SizeMismatchError, match="multiply to 8"):
             init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+
+
+@pytest.mark.parametrize("shape", [(True, 8), (2, 4.0), (np.float64(2.0), 4), (2, "4")], ids=repr)
+def test_sizes_that_are_not_ints_raise_argument_type_error_which_is_torchs_value_error_too(shape):
+    # The decision (rankmesh._check): a type fault is an ArgumentTypeError (a TypeError, as torch's
+    # view() raises for a float size), not MeshArgumentError (a RuntimeError, kept for what torch
+    # rejects with one). torch's init_device_mesh raises ValueError for these (its layout check):
+    # an ArgumentTypeError is a ValueError too, so code written against torch keeps catching it.
+    with fake_world(8, 3):
+        e = _check_error(
+            lambda: init_device_mesh("cpu", shape, mesh_dim_names=("a", "b")),
+            lambda: torch_init_device_mesh("cpu", shape, mesh_dim_names=("a", "b")),
+            ArgumentTypeError,
+            ValueError,
+        )
+        assert isinstance(e, TypeError) and not isinstance(e, MeshArgumentError)
+        i = 0 if not isinstance(shape[0], int) or isinstance(shape[0], bool) else 1
+        assert e.field == f"mesh_shape[{i}]" and e.value is shape[i]
 
 
 @pytest.mark.parametrize("shape", [(0, 8), (2, -4), (-1, 8), (8, 0)])

@@ -25,6 +25,7 @@ from rankmesh.errors import (
     ConfigMismatchError,
     ConsistencyTimeoutError,
     DistributedStateError,
+    LayoutOverflowError,
     RankmeshError,
     UnknownNameError,
 )
@@ -376,8 +377,9 @@ def test_check_consistency_passes_when_all_agree():
     with fake_world(8, 3):
         check_consistency(2**64 - 1)
         check_consistency(0, timeout=5)
-        with pytest.raises(ValueError):
+        with pytest.raises(LayoutOverflowError) as e:  # also a ValueError, as before
             check_consistency(2**64)
+        assert (e.value.field, e.value.value) == ("fingerprint", 2**64)
         pd = ParallelDims(dp_replicate=2, dp_shard=-1, cp=1, tp=2, pp=1, ep=1, etp=1, world_size=8)
         pd.build_mesh(device_type="cpu", check_consistency=True)
     with pytest.raises(DistributedStateError):
