@@ -524,7 +524,6 @@ def test_unflatten_of_a_non_adjacent_flatten_follows_torch_or_raises_incompatibl
         [0, 1, 2, 3, 4, 5, 6],  # too short
         [0, 1, 2, 3, 4, 5, 6, 7, 8],  # too long
         [[0, 1, 2, 3], [4, 5, 6, 7]],  # not 1-D
-        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],  # not integers
         torch.tensor([7, 6, 5, 4, 3, 2, 1, 1]),  # a tensor with a duplicate
     ],
 )
@@ -535,6 +534,15 @@ def test_rank_map_that_is_not_a_permutation_raises_invalid_rank_map_error(rank_m
         assert isinstance(e.value, RankmeshError)
         assert e.value.field == "rank_map"
         assert "permutation" in str(e.value)
+
+
+@pytest.mark.parametrize("rank_map", [[0.0, 1, 2, 3, 4, 5, 6, 7], torch.arange(8.0)], ids=["list", "tensor"])
+def test_rank_map_of_floats_raises_argument_type_error(rank_map):
+    # not integers: a type fault, by rankmesh._check's rule (the Rust core applies it to rank maps)
+    with fake_world(8, 2):
+        with pytest.raises(ArgumentTypeError) as e:
+            init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), rank_map=rank_map)
+        assert e.value.field == "rank_map" and e.value.value == 0.0
 
 
 @pytest.mark.parametrize("form", [list, tuple, np.array, torch.tensor])
