@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from rankmesh import MeshLayout
 from rankmesh.errors import (
+    ArgumentTypeError,
     DuplicateNameError,
     InvalidNameError,
     InvalidSizeError,
@@ -29,6 +30,7 @@ from rankmesh.errors import (
     ParallelConfigError,
     RankmeshError,
     RankOutOfRangeError,
+    SizeMismatchError,
     SliceOrderError,
     UnknownNameError,
 )
@@ -66,13 +68,15 @@ def assert_same(ours: RankGenerator, theirs, token: str, rng: np.random.Generato
     lo = ours.rank_offset
     row_of = np.empty(ours.world_size, dtype=np.int64)
     row_of[arr - lo] = np.arange(arr.shape[0])[:, None]
-    ranks = range(lo, lo + ours.world_size) if ours.world_size <= 64 else rng.integers(lo, lo + ours.world_size, samples)
+    hi = lo + ours.world_size
+    ranks = range(lo, hi) if ours.world_size <= 64 else rng.integers(lo, hi, samples)
     for r in ranks:
-        assert np.array_equal(ours.my_group(token, int(r)), arr[row_of[int(r) - lo]]), (token, int(r))
+        assert np.array_equal(ours.my_group(int(r), token), arr[row_of[int(r) - lo]]), (token, int(r))
 
 
 def both(tp, ep, dp, pp, cp, order, rank_offset=0):
-    return RankGenerator(tp, ep, dp, pp, cp, order, rank_offset), ps.RankGenerator(tp, ep, dp, pp, cp, order, rank_offset)
+    args = (tp, ep, dp, pp, cp, order, rank_offset)
+    return RankGenerator(*args), ps.RankGenerator(*args)
 
 
 @pytest.mark.parametrize("nodes, gpus, tp, pp, cp, ep", MEGATRON_MATRIX, ids=lambda v: str(v))
@@ -118,15 +122,16 @@ def test_orders_and_token_spellings(order):
 @pytest.mark.parametrize("offset", [1, 7, 64, 4096])
 def test_rank_offset(offset):
     rng = np.random.default_rng(offset)
-    for tp, ep, dp, pp, cp, order in [(2, 1, 4, 2, 2, "tp-cp-ep-dp-pp"), (2, 4, 2, 2, 1, "tp-ep-dp-pp"), (4, 1, 8, 4, 1, "tp-pp-dp")]:
+    configs = [(2, 1, 4, 2, 2, "tp-cp-ep-dp-pp"), (2, 4, 2, 2, 1, "tp-ep-dp-pp"), (4, 1, 8, 4, 1, "tp-pp-dp")]
+    for tp, ep, dp, pp, cp, order in configs:
         ours, theirs = both(tp, ep, dp, pp, cp, order, offset)
         for token in ALL_TOKENS:
             assert_same(ours, theirs, token, rng)
     g = RankGenerator(2, 1, 2, 1, 1, "tp-dp", rank_offset=offset)
-    assert g.my_group("tp", offset + 3).tolist() == [offset + 2, offset + 3]
+    assert g.my_group(offset + 3, "tp").tolist() == [offset + 2, offset + 3]
     for bad in (offset - 1, offset + 4):
         with pytest.raises(RankOutOfRangeError):
-            g.my_group("tp", bad)
+            g.my_group(bad, "tp")
 
 
 def test_repeated_names_in_token_are_one():
@@ -151,9 +156,9 @@ def test_dims_layout_for_device_meshes():
     m = g.dims_layout(["pp", "dp-cp", "tp"])
     assert m.names == ("pp", "dp_cp", "tp") and m.shape == (2, 6, 2)
     for r in range(g.world_size):
-        assert m.group(r, "dp_cp").tolist() == g.my_group("dp-cp", r).tolist()
-        assert m.group(r, "tp").tolist() == g.my_group("tp", r).tolist()
-        assert m.group(r, "pp").tolist() == g.my_group("pp", r).tolist()
+        assert m.group(r, "dp_cp").tolist() == g.my_group(r, "dp-cp").tolist()
+        assert m.group(r, "tp").tolist() == g.my_group(r, "tp").tolist()
+        assert m.group(r, "pp").tolist() == g.my_group(r, "pp").tolist()
     assert g.dims_layout(["tp-pp"]).names == ("tp_pp",)  # one token: any token
     assert g.dims_layout(["dp", "tp"], names=["data", "tensor"]).names == ("data", "tensor")
     with pytest.raises(ParallelConfigError):  # tp and pp are not adjacent in this order
@@ -170,8 +175,10 @@ def test_world_with_rank_map():
     plain = RankGenerator(2, 1, 2, 4, 1, "tp-dp-pp")
     for token in ("tp", "dp", "pp", "tp-pp"):
         assert np.array_equal(g.groups(token), perm[plain.groups(token)])
-    with pytest.raises(ParallelConfigError):
+    with pytest.raises(SizeMismatchError):  # 8 ranks for degrees that multiply to 16
         RankGenerator(2, 1, 2, 4, 1, "tp-dp-pp", world=MeshLayout.world(8))
+    with pytest.raises(ArgumentTypeError):
+        RankGenerator(2, 1, 2, 4, 1, "tp-dp-pp", world=16)
 
 
 # -- errors: every one a RankmeshError, and where megatron raises, the same builtin class ------------
@@ -231,11 +238,44 @@ def test_other_errors():
         with pytest.raises(RankmeshError):
             g.get_ranks(bad)
     with pytest.raises(RankOutOfRangeError):
-        g.my_group("tp", 4)
+        g.my_group(4, "tp")
     with pytest.raises(RankOutOfRangeError):
-        g.my_group("tp", -1)
+        g.my_group(-1, "tp")
     with pytest.raises(ParallelConfigError):  # torch objects need the whole world
         RankGenerator(2, 1, 2, 1, 1, "tp-dp", rank_offset=4).mesh_builder()
+
+
+def test_integers_follow_the_one_rule():
+    """rankmesh._check's rule: index-able ints pass, bool/float/str are ArgumentTypeErrors (a
+    TypeError, what megatron-core would hit for a float), never truncated."""
+    assert RankGenerator(np.int64(2), 1, 2, 1, 1, "tp-dp").tp == 2
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(ArgumentTypeError) as e:
+            RankGenerator(bad, 1, 2, 1, 1, "tp-dp")
+        assert isinstance(e.value, TypeError) and (e.value.field, e.value.value) == ("tp", bad)
+        with pytest.raises(ArgumentTypeError):
+            model_parallel_layout(8, tensor_model_parallel_size=bad)
+    with pytest.raises(ArgumentTypeError):
+        model_parallel_layout(8.0)
+    with pytest.raises(ArgumentTypeError):
+        RankGenerator(2, 1, 2, 1, 1, "tp-dp").my_group(1.0, "tp")
+
+
+def test_rank_comes_first():
+    """rankmesh's own methods take (rank, name), as MeshLayout.group(rank, dim); the old order
+    is refused with the call to write instead."""
+    g = RankGenerator(2, 1, 2, 2, 1, "tp-dp-pp")
+    m = model_parallel_layout(8, 2, 2)
+    assert g.my_group(5, "tp-pp").tolist() == [0, 1, 4, 5]
+    assert m.group(5, "tp").tolist() == g.my_group(5, "tp").tolist()
+    old_order = [
+        (lambda: g.my_group("tp-pp", 5), "my_group(rank, 'tp-pp')"),
+        (lambda: m.group("tp", 5), "group(rank, 'tp')"),
+    ]
+    for call, fix in old_order:
+        with pytest.raises(ArgumentTypeError, match="takes the rank first") as e:
+            call()
+        assert fix in str(e.value) and e.value.field == "rank"
 
 
 # -- model_parallel_layout vs megatron's initialize_model_parallel --------------------------------
@@ -348,10 +388,10 @@ def test_model_parallel_layout_vs_initialize_model_parallel():
             theirs = next(got)
             assert theirs["rank"] == rank
             for name, expected in theirs["lists"].items():  # megatron keeps these lists: exact order
-                mine = m.group(name, rank)
+                mine = m.group(rank, name)
                 assert (None if mine is None else mine.tolist()) == expected, (cfg, rank, name)
             for name, expected in theirs["sets"].items():  # process-group ranks (sorted by torch)
-                assert sorted(m.group(name, rank).tolist()) == expected, (cfg, rank, name)
+                assert sorted(m.group(rank, name).tolist()) == expected, (cfg, rank, name)
                 lay = m.layout(name)
                 assert lay is not None and sorted(lay.group(rank, 0).tolist()) == expected, (cfg, rank, name)
             assert set(theirs["lists"]) | set(theirs["sets"]) == set(m.group_names)
@@ -360,8 +400,30 @@ def test_model_parallel_layout_vs_initialize_model_parallel():
         world = kw.pop("world")
         err = _raises(lambda: model_parallel_layout(world, **kw))
         assert their_err is not None, kw
-        assert isinstance(err, ParallelConfigError), (kw, err)
+        assert isinstance(err, (ParallelConfigError, SizeMismatchError)), (kw, err)
         assert their_err in {c.__name__ for c in type(err).__mro__}, (kw, err, their_err)
+
+
+@pytest.mark.parametrize(
+    "world, kw",
+    [
+        (16, dict(tensor_model_parallel_size=32)),
+        (16, dict(pipeline_model_parallel_size=3)),
+        (12, dict(tensor_model_parallel_size=2, context_parallel_size=4)),
+        (16, dict(tensor_model_parallel_size=2, expert_model_parallel_size=3)),  # the expert product
+    ],
+)
+def test_degrees_that_do_not_fit_the_world_raise_the_one_class(world, kw):
+    """rankmesh's one class for "the degrees do not fit the world", in every convention:
+    SizeMismatchError (a RuntimeError, megatron-core's class here), field world_size, value the
+    world size, and a message that says what to change."""
+    err = _raises(lambda: model_parallel_layout(world, **kw))
+    assert isinstance(err, SizeMismatchError) and isinstance(err, RuntimeError), err
+    assert (err.field, err.value) == ("world_size", world)
+    assert f"world_size ({world}) is not divisible" in str(err) and "use a world that is a multiple" in str(err)
+    wrong = MeshLayout.world(8)
+    err = _raises(lambda: RankGenerator(2, 1, 2, 1, 1, "tp-dp", world=wrong))  # 4 ranks, not 8
+    assert isinstance(err, SizeMismatchError) and (err.field, err.value) == ("world", wrong)
 
 
 def test_model_parallel_layout_checks():
@@ -374,10 +436,10 @@ def test_model_parallel_layout_checks():
     with pytest.raises(InvalidSizeError):
         model_parallel_layout(0)
     with pytest.raises(UnknownNameError):
-        model_parallel_layout(8).group("nope", 0)
+        model_parallel_layout(8).group(0, "nope")
     m = model_parallel_layout(16, 2, 2)
-    assert m.group("pos_embd", 9) is None and m.group("pos_embd", 1).tolist() == [1]
-    assert m.group("embd", 9).tolist() == [1, 9]
+    assert m.group(9, "pos_embd") is None and m.group(1, "pos_embd").tolist() == [1]
+    assert m.group(9, "embd").tolist() == [1, 9]
     assert m.layout("embd") is None
 
 
@@ -421,7 +483,7 @@ def test_process_groups_and_device_mesh(rank):
         pgs = m.process_groups(builder)
         assert list(pgs) == [n for n in m.group_names if n not in ("embd", "pos_embd")]
         for name, pg in pgs.items():
-            assert dist.get_process_group_ranks(pg) == sorted(m.group(name, rank).tolist()), name
+            assert dist.get_process_group_ranks(pg) == sorted(m.group(rank, name).tolist()), name
         assert pgs["tp"] is pgs["ep_tp"]  # same partition, one process group
         report = builder.report()
         assert report.created == len({id(pg) for pg in pgs.values()})
@@ -429,8 +491,8 @@ def test_process_groups_and_device_mesh(rank):
             m.process_groups(builder, names=["embd"])
         dm = m.decoder.device_mesh(["pp", "dp-cp", "tp"], builder)
         assert tuple(dm.mesh_dim_names) == ("pp", "dp_cp", "tp") and tuple(dm.shape) == (2, 16, 2)
-        assert dist.get_process_group_ranks(dm.get_group("dp_cp")) == m.group("dp_cp", rank).tolist()
-        assert dm["dp_cp"].mesh.tolist() == m.group("dp_cp", rank).tolist()
+        assert dist.get_process_group_ranks(dm.get_group("dp_cp")) == m.group(rank, "dp_cp").tolist()
+        assert dm["dp_cp"].mesh.tolist() == m.group(rank, "dp_cp").tolist()
         assert m.decoder.process_group("dp-cp", builder) is pgs["dp_cp"]
         assert builder.report().created == report.created  # nothing new: all partitions known
         em = m.expert.device_mesh(["pp", "dp", "ep", "tp"], builder)
@@ -441,7 +503,9 @@ def test_process_groups_and_device_mesh(rank):
 
 
 def test_all_groups_partition_the_world():
-    m = model_parallel_layout(48, 2, 2, 2, 2, 1, num_distributed_optimizer_instances=2, hierarchical_context_parallel_sizes=[2])
+    m = model_parallel_layout(
+        48, 2, 2, 2, 2, 1, num_distributed_optimizer_instances=2, hierarchical_context_parallel_sizes=[2]
+    )
     for name in m.group_names:
         if name in ("embd", "pos_embd"):
             with pytest.raises(ParallelConfigError):
@@ -451,5 +515,5 @@ def test_all_groups_partition_the_world():
         assert rows.dtype == np.int32 and sorted(rows.reshape(-1).tolist()) == list(range(48)), name
         by_rank = {r: sorted(row.tolist()) for row in rows for r in row.tolist()}
         for r in range(48):
-            assert sorted(m.group(name, r).tolist()) == by_rank[r], (name, r)
+            assert sorted(m.group(r, name).tolist()) == by_rank[r], (name, r)
     assert set(m.groups_of(5)) == set(m.group_names)

@@ -129,7 +129,8 @@ CASES = [
     (32, dict(tensor_model_parallel_size=4, context_parallel_size=2, expert_model_parallel_size=2,
               expert_tensor_parallel_size=2, order="tp-pp-dp-cp-ep", num_distributed_optimizer_instances=2)),
     (24, dict(pipeline_model_parallel_size=2, context_parallel_size=3, expert_model_parallel_size=2,
-              expert_tensor_parallel_size=1, num_distributed_optimizer_instances=3, hierarchical_context_parallel_sizes=[3])),
+              expert_tensor_parallel_size=1, num_distributed_optimizer_instances=3,
+              hierarchical_context_parallel_sizes=[3])),
     (64, dict(pipeline_model_parallel_size=8, context_parallel_size=2, hybrid_context_parallel=True,
               get_embedding_ranks=_first_and_last_two, create_gloo_process_groups=False)),
     (8, dict()),
@@ -153,7 +154,8 @@ def _random_config(rng: np.random.Generator) -> tuple[int, dict]:
         ep = int(rng.choice([1, 2, 4, 8]))
         etp = None if rng.random() < 0.5 else int(rng.choice([1, 2, 4]))
         names = ["tp", "cp", "ep", "dp", "pp"]
-        order = "-".join(rng.permutation(names[:4]).tolist() + ["pp"]) if rng.random() < 0.7 else "-".join(rng.permutation(names))
+        pp_last = rng.permutation(names[:4]).tolist() + ["pp"]
+        order = "-".join(pp_last) if rng.random() < 0.7 else "-".join(rng.permutation(names))
         kw = dict(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
             expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=order,
@@ -201,8 +203,8 @@ def test_ranks_outside_embedding_groups_keep_torchs_group_names_in_step(split):
     counters = {}
     for rank in range(world):
         _, _, counters[rank] = run(rm.initialize_model_parallel, world, rank, kw, split=split)
-    first_stage, middle = 0, int(m.decoder.my_group("pp", 0)[1])
-    assert m.group("embd", middle) is None and m.group("embd", first_stage) is not None
+    first_stage, middle = 0, int(m.decoder.my_group(0, "pp")[1])
+    assert m.group(middle, "embd") is None and m.group(first_stage, "embd") is not None
     key = 0 if split else slice(None)  # split_group registers only members (the name counter agrees)
     assert len({c[key] if split else c for c in counters.values()}) == 1, counters
 
@@ -324,11 +326,12 @@ def test_grid_rank_enum_equals_megatrons(seed, monkeypatch):
     shape, names, dims = _random_grid(rng)
     offset = int(rng.integers(0, 5))
     monkeypatch.setenv("WORLD_SIZE", str(int(np.prod(shape)) + offset))
-    ours, theirs = rm.HyperCommGrid(shape, names, rank_offset=offset), mgrid.HyperCommGrid(shape, names, rank_offset=offset)
+    ours = rm.HyperCommGrid(shape, names, rank_offset=offset)
+    theirs = mgrid.HyperCommGrid(shape, names, rank_offset=offset)
     assert ours.get_rank_enum(dims) == theirs.get_rank_enum(dims)
     assert ours._order_dims(dims) == theirs._order_dims(dims)
     for rank in range(offset + ours.size):
-        mine = ours.my_ranks(dims, rank)
+        mine = ours.my_ranks(rank, dims)
         want = next((g for g in theirs.get_rank_enum(dims) if rank in g), None)
         assert mine == want
 

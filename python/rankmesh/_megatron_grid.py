@@ -7,8 +7,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from rankmesh._check import as_int, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
+    ArgumentTypeError,
     DistributedStateError,
     DuplicateNameError,
     EmptySliceError,
@@ -19,7 +21,6 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
-from rankmesh.megatron import _as_int
 
 __all__ = ["HyperCommGrid"]
 
@@ -54,7 +55,7 @@ class HyperCommGrid:
         [[0, 2], [1, 3], [4, 6], [5, 7]]
         >>> grid.get_rank_enum(["tp", "dp"])  # members in mesh order: dp slowest, tp fastest
         [[0, 1, 4, 5], [2, 3, 6, 7]]
-        >>> grid.my_ranks("tp", 6)
+        >>> grid.my_ranks(6, "tp")
         [6, 7]
         >>> _ = os.environ.pop("WORLD_SIZE") if saved is None else os.environ.update(WORLD_SIZE=saved)
 
@@ -81,24 +82,39 @@ class HyperCommGrid:
         shape = list(shape)
         dim_names = list(dim_names)
         if len(shape) != len(dim_names):
-            raise SizeMismatchError(f"len(shape) {shape} != len(dim_names) {dim_names}", field="dim_names", value=dim_names)
+            raise SizeMismatchError(
+                f"len(shape) {shape} != len(dim_names) {dim_names}; give one name per dim",
+                field="dim_names",
+                value=dim_names,
+            )
         if not shape:
-            raise EmptySliceError("a HyperCommGrid needs at least one dim", field="shape", value="[]")
+            raise EmptySliceError(
+                "a HyperCommGrid needs at least one dim, e.g. HyperCommGrid([8], ['dp'])", field="shape", value=shape
+            )
         for i, (size, name) in enumerate(zip(shape, dim_names)):
-            if _as_int(size, f"shape[{i}]") < 1:
-                raise InvalidSizeError(f"shape[{i}] ({name!r}) must be >= 1, got {size}", field=f"shape[{i}]", value=size)
+            shape[i] = positive_int(size, f"shape[{i}]", hint=f" (the size of dim {name!r})")
             if not isinstance(name, str) or not name:
-                raise InvalidNameError(f"dim_names[{i}] must be a non-empty str, got {name!r}", field=f"dim_names[{i}]", value=name)
+                raise InvalidNameError(
+                    f"dim_names[{i}] must be a non-empty str, got {name!r}", field=f"dim_names[{i}]", value=name
+                )
             if name in dim_names[:i]:
-                raise DuplicateNameError(f"dim name {name!r} appears twice in {dim_names}", field="dim_names", value=name)
+                raise DuplicateNameError(
+                    f"dim name {name!r} appears twice in {dim_names}; give each dim its own name",
+                    field="dim_names",
+                    value=name,
+                )
         world_size = self._world_size()
-        self.rank_offset = _as_int(rank_offset, "rank_offset")
+        self.rank_offset = as_int(rank_offset, "rank_offset")
         size = 1
         for s in shape:
-            size *= int(s)
+            size *= s
         self.size = size
         if self.rank_offset < 0:
-            raise InvalidSizeError(f"rank_offset must be non-negative, got {rank_offset}", field="rank_offset", value=rank_offset)
+            raise InvalidSizeError(
+                f"rank_offset must be non-negative, got {self.rank_offset}; the grid's first rank is >= 0",
+                field="rank_offset",
+                value=self.rank_offset,
+            )
         if self.size > world_size - self.rank_offset:
             raise SizeMismatchError(
                 f"Grid shape {shape} is over sized with world size {world_size} and rank offset "
@@ -106,7 +122,7 @@ class HyperCommGrid:
                 field="shape",
                 value=shape,
             )
-        self.shape = [int(s) for s in shape]
+        self.shape = shape
         self.dim_names = dim_names
         self.backend = backend
         self._world_size_at_init = world_size
@@ -120,13 +136,16 @@ class HyperCommGrid:
         # WORLD_SIZE first, as megatron-core (so grids can be built without a process group).
         if "WORLD_SIZE" in os.environ:
             text = os.environ["WORLD_SIZE"]
-            try:
+            try:  # environment text: parsed here, with its own error (rankmesh._check refuses str)
                 value = int(text)
             except ValueError:
-                value = 0
-            if value < 1:
+                value = None
+            if value is None or value < 1:
                 raise DistributedStateError(
-                    f"WORLD_SIZE={text!r} is not a positive integer", field="WORLD_SIZE", value=text
+                    f"WORLD_SIZE={text!r} is not a positive integer; set WORLD_SIZE to the number of "
+                    "ranks (e.g. WORLD_SIZE=8) or unset it to read the default process group's",
+                    field="WORLD_SIZE",
+                    value=text,
                 )
             return value
         try:
@@ -140,7 +159,7 @@ class HyperCommGrid:
             "torch.distributed is not initialized. Set WORLD_SIZE or call "
             "torch.distributed.init_process_group() before creating HyperCommGrid.",
             field="WORLD_SIZE",
-            value="unset",
+            value=None,
         )
 
     # -- dims -----------------------------------------------------------------------------------
@@ -149,13 +168,19 @@ class HyperCommGrid:
         under, e.g. ``["dp", "tp"]`` -> ``(["dp", "tp"], "dp-tp")`` for names tp, cp, dp."""
         names = [dims] if isinstance(dims, str) else list(dims)
         if not names:
-            raise EmptySliceError("dims must name at least one dim", field="dims", value="[]")
+            raise EmptySliceError(
+                f"dims must name at least one dim, e.g. {self.dim_names[0]!r}", field="dims", value=dims
+            )
         rev = self.dim_names[::-1]
         for n in names:
             if n not in rev:
-                raise UnknownNameError(f"unknown dim {n!r}; the grid's dims are {self.dim_names}", field="dims", value=n)
+                raise UnknownNameError(
+                    f"unknown dim {n!r}; the grid's dims are {self.dim_names}", field="dims", value=n
+                )
             if names.count(n) > 1:
-                raise DuplicateNameError(f"dim {n!r} is named twice in {names}", field="dims", value=n)
+                raise DuplicateNameError(
+                    f"dim {n!r} is named twice in {names}; name it once", field="dims", value=n
+                )
         ordered = sorted(names, key=rev.index)
         return ordered, "-".join(ordered)
 
@@ -168,11 +193,19 @@ class HyperCommGrid:
         groups = self._group_layout(ordered).groups()
         return (groups.reshape(groups.shape[0], -1) + self.rank_offset).tolist()
 
-    def my_ranks(self, dims: str | Sequence[str], rank: int) -> list[int] | None:
+    def my_ranks(self, rank: int, dims: str | Sequence[str]) -> list[int] | None:
         """``rank``'s group of ``dims`` (O(group size)), ranks in megatron-core's order; None
-        for a rank outside the grid."""
+        for a rank outside the grid. Arguments in rankmesh's order, rank first, as
+        :meth:`MeshLayout.group(rank, dim) <rankmesh.MeshLayout.group>`."""
+        if isinstance(rank, str):
+            raise ArgumentTypeError(
+                f"HyperCommGrid.my_ranks(rank, dims) takes the rank first, got the str {rank!r} as the "
+                f"rank; write my_ranks(rank, {rank!r})",
+                field="rank",
+                value=rank,
+            )
         ordered, _ = self._order_dims(dims)
-        local = _as_int(rank, "rank") - self.rank_offset
+        local = as_int(rank, "rank") - self.rank_offset
         if not 0 <= local < self.size:
             return None
         return (self._group_layout(ordered).group(local, 0) + self.rank_offset).tolist()
@@ -198,7 +231,9 @@ class HyperCommGrid:
             )
         for k in kwargs:
             if k not in _NEW_SUBGROUP_KWARGS:
-                raise TypeError(f"create_pg() got an unexpected keyword argument {k!r} (allowed: {_NEW_SUBGROUP_KWARGS})")
+                raise TypeError(
+                    f"create_pg() got an unexpected keyword argument {k!r} (allowed: {_NEW_SUBGROUP_KWARGS})"
+                )
         import torch.distributed as dist
 
         from rankmesh.torch_layer import MeshBuilder, require_default_group
@@ -224,7 +259,7 @@ class HyperCommGrid:
         if self.rank_offset == 0 and self.size == world:
             pg = self._builder.process_group(lay, 0, **kw)
         else:
-            members = self.my_ranks(ordered, dist.get_rank())
+            members = self.my_ranks(dist.get_rank(), ordered)
             partition = (self.rank_offset, tuple(map(tuple, lay.partition_key(0))))
             pg = self._builder.subset_group(partition, members, name=key, **kw)
         self._pgs[key] = pg

@@ -234,7 +234,7 @@ def initialize_model_parallel(
             "torch.distributed is not initialised; call torch.distributed.init_process_group(...) "
             "before initialize_model_parallel",
             field="default_group",
-            value="None",
+            value=None,
         )
     for name in _MUST_BE_UNSET:
         if getattr(ps, name, None) is not None:
@@ -242,7 +242,7 @@ def initialize_model_parallel(
                 f"model parallelism is already initialised (parallel_state.{name} is set); call "
                 "destroy_model_parallel() first",
                 field=name,
-                value="set",
+                value=getattr(ps, name),
             )
     world_size = dist.get_world_size()
     rank = dist.get_rank()
@@ -288,7 +288,7 @@ def initialize_model_parallel(
     timeout = datetime.timedelta(minutes=distributed_timeout_minutes)
     builder = MeshBuilder(MeshLayout.world(world_size), size_one_fake=False)
     default_embd = get_embedding_ranks is None or get_embedding_ranks is default_embedding_ranks
-    default_pos = get_position_embedding_ranks is None or get_position_embedding_ranks is default_position_embedding_ranks
+    default_pos = get_position_embedding_ranks in (None, default_position_embedding_ranks)
 
     def layout_of(name: str) -> MeshLayout | None:
         lay = m.layout(name)
@@ -320,16 +320,16 @@ def initialize_model_parallel(
         lay = layout_of(name)
         if lay is not None:
             return builder.process_group(lay, 0, **kw)
-        members = m.group(name, rank)
+        members = m.group(rank, name)
         return builder.subset_group(name, None if members is None else members.tolist(), name=name, **kw)
 
     def ranks(name: str) -> list[int] | None:
-        g = m.group(name, rank)
+        g = m.group(rank, name)
         return None if g is None else g.tolist()
 
     for name in ("embd", "pos_embd"):
         fn = m.get_embedding_ranks if name == "embd" else m.get_position_embedding_ranks
-        pp_ranks = m.decoder.my_group("pp", rank).tolist()
+        pp_ranks = m.decoder.my_group(rank, "pp").tolist()
         got = [int(r) for r in fn(pp_ranks)]
         if not set(got) <= set(pp_ranks) or len(set(got)) != len(got) or not got:
             raise MegatronConfigError(
@@ -406,12 +406,13 @@ def initialize_model_parallel(
 
     pp_backend = pipeline_model_parallel_comm_backend
     if pp_backend == "ucc":
-        if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        max_connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        if max_connections == "1":
             raise MegatronConfigError(
                 "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
-                "communication is serialised",
+                "communication is serialised; unset it or set it to e.g. 8",
                 field="CUDA_DEVICE_MAX_CONNECTIONS",
-                value="1",
+                value=max_connections,
             )
         for key, value in _UCC_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
@@ -457,7 +458,8 @@ def initialize_model_parallel(
         )
         new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("inter_ep_dp")
         if sharp_enabled_group == "dp_replica":
-            dist.barrier(group=new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"], device_ids=[torch.cuda.current_device()])
+            inter = new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"]
+            dist.barrier(group=inter, device_ids=[torch.cuda.current_device()])
             torch.cuda.synchronize()
             os.environ.pop("NCCL_COLLNET_ENABLE", None)
     else:

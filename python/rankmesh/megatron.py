@@ -12,7 +12,7 @@ leftmost name varies fastest over the ranks. That is a row-major mesh read backw
     (('cp', 'ep', 'pp', 'dp', 'tp'), (1, 1, 2, 2, 2))
     >>> g.get_ranks("dp")                       # megatron-core's answer, as lists
     [[0, 2], [1, 3], [4, 6], [5, 7]]
-    >>> g.my_group("tp-pp", 5).tolist()         # one rank's group, O(group size)
+    >>> g.my_group(5, "tp-pp").tolist()         # one rank's group, O(group size)
     [0, 1, 4, 5]
 
 ``get_ranks`` answers exactly what megatron-core's ``RankGenerator.get_ranks`` does (same groups,
@@ -24,22 +24,25 @@ same invariants, and names every group Megatron creates.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rankmesh._check import as_int, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
+    ArgumentTypeError,
     DuplicateNameError,
     EmptySliceError,
+    IncompatibleLayoutError,
     InvalidNameError,
     InvalidSizeError,
     LayoutOverflowError,
     MegatronConfigError,
     ParallelConfigError,
     RankOutOfRangeError,
+    SizeMismatchError,
     SliceOrderError,
     UnknownNameError,
 )
@@ -98,26 +101,12 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 _INT32_MAX = 2**31 - 1
 
 
-def _as_int(value: Any, field: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{field} must be an int, got bool {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}") from None
-
-
-def _positive(value: Any, field: str) -> int:
-    v = _as_int(value, field)
-    if v < 1:
-        raise InvalidSizeError(f"{field} must be >= 1, got {v}", field=field, value=v)
-    return v
-
-
 def _split_names(text: str, field: str) -> list[str]:
     """``"tp-dp"`` -> ``["tp", "dp"]``, lower-cased, each name known, no empty piece."""
     if not isinstance(text, str):
-        raise TypeError(f"{field} must be a str like 'tp-dp', got {type(text).__name__}")
+        raise ArgumentTypeError(
+            f"{field} must be a str like 'tp-dp', got {type(text).__name__} {text!r}", field=field, value=text
+        )
     names = text.lower().split("-")
     for n in names:
         if not n:
@@ -133,6 +122,19 @@ def _split_names(text: str, field: str) -> list[str]:
                 value=n,
             )
     return names
+
+
+def _rank_arg(rank: Any, method: str, what: str) -> Any:
+    """``rank`` as given, unless it is a str: then the caller wrote the arguments in the old
+    ``(name, rank)`` order, which rankmesh's methods no longer take."""
+    if isinstance(rank, str):
+        raise ArgumentTypeError(
+            f"{method}(rank, {what}) takes the rank first, got the str {rank!r} as the rank; "
+            f"write {method.rsplit('.', 1)[-1]}(rank, {rank!r})",
+            field="rank",
+            value=rank,
+        )
+    return rank
 
 
 def default_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
@@ -169,7 +171,9 @@ class RankGenerator:
         world: optional 1-D :class:`MeshLayout` of ``tp*ep*dp*pp*cp`` ranks to build on, e.g. one
             with a topology-aware ``rank_map`` (see :mod:`rankmesh.topology`); identity otherwise.
 
-    Errors (all :class:`~rankmesh.RankmeshError`): a degree < 1 (:class:`InvalidSizeError`), ep
+    Errors (all :class:`~rankmesh.RankmeshError`): a degree < 1 (:class:`InvalidSizeError`) or
+    not an int (:class:`~rankmesh.ArgumentTypeError`, a ``TypeError``), a ``world`` whose size is
+    not the degrees' product (:class:`~rankmesh.SizeMismatchError`), ep
     and cp both > 1 (:class:`MegatronConfigError`, also an ``AssertionError`` as in Megatron), a
     dim of size > 1 missing from ``order`` (:class:`ParallelConfigError`, also a ``RuntimeError``
     as in Megatron), an unknown name (:class:`UnknownNameError`, also a
@@ -184,7 +188,7 @@ class RankGenerator:
         [[0, 2], [1, 3], [4, 6], [5, 7]]
         >>> g.get_ranks("pp")[0]
         [0, 4, 8, 12]
-        >>> g.my_group("tp-dp", 9).tolist()
+        >>> g.my_group(9, "tp-dp").tolist()
         [8, 9, 10, 11]
         >>> g.groups("tp").shape
         (8, 2)
@@ -203,7 +207,7 @@ class RankGenerator:
         world: MeshLayout | None = None,
     ) -> None:
         sizes = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
-        sizes = {k: _positive(v, k) for k, v in sizes.items()}
+        sizes = {k: positive_int(v, k) for k, v in sizes.items()}
         if sizes["ep"] > 1 and sizes["cp"] > 1:
             raise MegatronConfigError(
                 f"ep ({sizes['ep']}) and cp ({sizes['cp']}) cannot both be > 1 in one RankGenerator: "
@@ -213,7 +217,7 @@ class RankGenerator:
                 value=sizes["ep"],
             )
         self.tp, self.ep, self.dp, self.pp, self.cp = (sizes[k] for k in ("tp", "ep", "dp", "pp", "cp"))
-        self.rank_offset = _as_int(rank_offset, "rank_offset")
+        self.rank_offset = as_int(rank_offset, "rank_offset")
         if self.rank_offset < 0:
             raise InvalidSizeError(
                 f"rank_offset must be >= 0, got {self.rank_offset} (megatron-core silently ignores "
@@ -255,10 +259,19 @@ class RankGenerator:
         mesh_names = tuple(reversed(names))
         if world is None:
             world = MeshLayout.world(self.world_size)
+        elif not isinstance(world, MeshLayout):
+            raise ArgumentTypeError(
+                f"world must be a 1-D MeshLayout, got {type(world).__name__}; pass "
+                f"MeshLayout.world({self.world_size}, rank_map=...) or leave it out",
+                field="world",
+                value=world,
+            )
         elif world.ndim != 1 or world.world_size != self.world_size:
-            raise ParallelConfigError(
-                f"world must be a 1-D MeshLayout of {self.world_size} ranks (tp*ep*dp*pp*cp), "
-                f"got shape {world.shape} over {world.world_size} ranks",
+            # The degrees do not multiply to the world: rankmesh's one class for that fault.
+            raise SizeMismatchError(
+                f"world must be a 1-D MeshLayout of tp*ep*dp*pp*cp = {self.world_size} ranks, "
+                f"got shape {world.shape} over {world.world_size} ranks; change the degrees or pass "
+                f"MeshLayout.world({self.world_size}, ...)",
                 field="world",
                 value=world,
             )
@@ -293,11 +306,15 @@ class RankGenerator:
             names = [n.lower() if isinstance(n, str) else n for n in token]
             for n in names:
                 if not isinstance(n, str):
-                    raise TypeError(f"token names must be str, got {type(n).__name__}")
+                    raise ArgumentTypeError(
+                        f"token names must be str like 'tp', got {type(n).__name__} {n!r}", field="token", value=n
+                    )
                 if n not in MEGATRON_DIMS:
-                    raise UnknownNameError(f"token names {n!r}, not one of {', '.join(MEGATRON_DIMS)}", field="token", value=n)
+                    raise UnknownNameError(
+                        f"token names {n!r}, not one of {', '.join(MEGATRON_DIMS)}", field="token", value=n
+                    )
             if not names:
-                raise EmptySliceError("a token must name at least one dim, e.g. 'tp'", field="token", value="")
+                raise EmptySliceError("a token must name at least one dim, e.g. 'tp'", field="token", value=token)
         return tuple(dict.fromkeys(names))
 
     def token_dims(self, token: str | Iterable[str]) -> tuple[str, ...]:
@@ -324,23 +341,24 @@ class RankGenerator:
         return self.world_size // self.group_size(token)
 
     def _local(self, rank: Any) -> int:
-        r = _as_int(rank, "rank")
+        r = as_int(rank, "rank")
         local = r - self.rank_offset
         if not 0 <= local < self.world_size:
             lo, hi = self.rank_offset, self.rank_offset + self.world_size
             raise RankOutOfRangeError(f"rank {r} is outside this generator's ranks [{lo}, {hi})", field="rank", value=r)
         return local
 
-    def my_group(self, token: str | Iterable[str], rank: int) -> np.ndarray:
+    def my_group(self, rank: int, token: str | Iterable[str]) -> np.ndarray:
         """``rank``'s group of ``token`` (int32, Megatron's order, ``rank_offset`` applied), in
-        O(group size): the row of :meth:`get_ranks` that holds ``rank``.
+        O(group size): the row of :meth:`get_ranks` that holds ``rank``. Arguments in rankmesh's
+        order, rank first, as :meth:`MeshLayout.group(rank, dim) <rankmesh.MeshLayout.group>`.
 
             >>> g = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
-            >>> g.my_group("tp-pp", 5).tolist(), g.my_group("dp", 5).tolist()
+            >>> g.my_group(5, "tp-pp").tolist(), g.my_group(5, "dp").tolist()
             ([0, 1, 4, 5], [5, 7])
         """
-        lay = self.layout(token)
-        g = lay.group(self._local(rank), 0)
+        local = self._local(_rank_arg(rank, "RankGenerator.my_group", "token"))
+        g = self.layout(token).group(local, 0)
         return g + np.int32(self.rank_offset) if self.rank_offset else g
 
     def groups(self, token: str | Iterable[str]) -> np.ndarray:
@@ -365,7 +383,9 @@ class RankGenerator:
             dims = [dims]
         keys = [self._token_names(t) for t in dims]
         if not keys:
-            raise EmptySliceError("dims must name at least one token", field="dims", value="")
+            raise EmptySliceError(
+                "dims must name at least one token, e.g. ['pp', 'dp-cp', 'tp']", field="dims", value=dims
+            )
         labels = list(names) if names is not None else ["_".join(k) for k in keys]
         if len(labels) != len(keys):
             raise InvalidNameError(f"{len(labels)} names for {len(keys)} dims", field="names", value=labels)
@@ -373,7 +393,11 @@ class RankGenerator:
         for i, k in enumerate(keys):
             for n in k:
                 if n in owner:
-                    raise DuplicateNameError(f"{n!r} is in two dims ({dims[owner[n]]!r} and {dims[i]!r})", field="dims", value=n)
+                    raise DuplicateNameError(
+                        f"{n!r} is in two dims ({dims[owner[n]]!r} and {dims[i]!r}); put each name in one dim",
+                        field="dims",
+                        value=n,
+                    )
                 owner[n] = i
         if len(keys) == 1:
             lay = self.layout(keys[0])
@@ -452,32 +476,6 @@ class RankGenerator:
 # initialize_model_parallel's groups
 # -----------------------------------------------------------------------------------------------
 
-#: (name, generator, token) of every group ``initialize_model_parallel`` creates, in its creation
-#: order; names are Megatron's own NCCL-config keys. ``None`` tokens are derived groups.
-_GROUPS: tuple[tuple[str, str, str | None], ...] = (
-    ("dp_cp", "decoder", "dp-cp"),
-    ("intra_dp_cp", "decoder", None),
-    ("dp", "decoder", "dp"),
-    ("cp", "decoder", "cp"),
-    ("hcp", "decoder", None),  # expands to hcp_l0, hcp_l1, ... when asked for
-    ("mp", "decoder", "tp-pp"),
-    ("tp", "decoder", "tp"),
-    ("pp", "decoder", "pp"),
-    ("embd", "decoder", None),
-    ("pos_embd", "decoder", None),
-    ("tp_dp_cp", "decoder", "tp-dp-cp"),
-    ("tp_dp", "decoder", "tp-dp"),
-    ("tp_cp", "decoder", "tp-cp"),
-    ("ep", "expert", "ep"),
-    ("ep_tp", "expert", "tp"),
-    ("tp_ep_mp", "expert", "tp-ep"),
-    ("tp_ep_pp", "expert", "tp-ep-pp"),
-    ("ep_dp", "expert", "dp"),
-    ("intra_ep_dp", "expert", None),
-    ("inter_ep_dp", "expert", None),
-    ("intra_dist_opt_instance", "expert", None),
-)
-
 #: What each group is, in Megatron's words (its ``group_desc``).
 GROUP_DESCRIPTIONS: dict[str, str] = {
     "dp_cp": "DATA_PARALLEL_GROUP_WITH_CP",
@@ -515,6 +513,172 @@ def _hierarchical(ranks: np.ndarray, sizes: Sequence[int], level: int, rank: int
     return np.ascontiguousarray(cube[p // (s * u), :, p % u])
 
 
+class _Group:
+    """How an entry of :data:`_GROUPS` gives its group: the names it stands for
+    (:meth:`expand`), one rank's group (:meth:`group`), the 1-D layout whose groups partition the
+    world like it (:meth:`layout`, None when there is none) and every group (:meth:`all_groups`),
+    for one :class:`ModelParallelLayout` ``m``."""
+
+    #: ``(generator, token)`` for a group that is one generator's token, else None.
+    token: tuple[str, str] | None = None
+    #: False for groups that do not cover the world (the embedding groups): no layout, no
+    #: process group through a layout.
+    partition: bool = True
+
+    def expand(self, m: ModelParallelLayout, key: str) -> dict[str, _Group]:
+        """The group names this entry stands for in ``m``, each with the entry that answers it."""
+        return {key: self}
+
+    def group(self, m: ModelParallelLayout, name: str, rank: int) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def layout(self, m: ModelParallelLayout, name: str) -> MeshLayout | None:
+        return None
+
+    def all_groups(self, m: ModelParallelLayout, name: str) -> np.ndarray | None:
+        lay = self.layout(m, name)
+        if lay is None:
+            return None
+        g = lay.groups()
+        return g.reshape(g.shape[0], -1)
+
+
+class _Token(_Group):
+    """A token of one generator: Megatron's ``get_ranks(token)`` groups, in its order."""
+
+    def __init__(self, generator: str, token: str) -> None:
+        self.token = (generator, token)
+
+    def group(self, m: ModelParallelLayout, name: str, rank: int) -> np.ndarray:
+        gen, tok = self.token
+        return m.generator(gen).my_group(rank, tok)
+
+    def layout(self, m: ModelParallelLayout, name: str) -> MeshLayout:
+        gen, tok = self.token
+        return m.generator(gen).layout(tok)
+
+    def all_groups(self, m: ModelParallelLayout, name: str) -> np.ndarray:
+        gen, tok = self.token
+        return m.generator(gen).groups(tok)
+
+
+class _Level(_Group):
+    """Level ``level`` of a token's groups split in levels by Megatron's
+    ``create_hierarchical_groups`` (level sizes from ``sizes(m)``, fastest first); ``when(m)``
+    says whether Megatron creates it."""
+
+    def __init__(
+        self,
+        generator: str,
+        token: str,
+        sizes: Callable[[ModelParallelLayout], Sequence[int]],
+        level: int,
+        when: Callable[[ModelParallelLayout], bool] | None = None,
+    ) -> None:
+        self.generator, self.tok, self.sizes, self.level, self.when = generator, token, sizes, level, when
+
+    def expand(self, m: ModelParallelLayout, key: str) -> dict[str, _Group]:
+        return {key: self} if self.when is None or self.when(m) else {}
+
+    def group(self, m: ModelParallelLayout, name: str, rank: int) -> np.ndarray:
+        ranks = m.generator(self.generator).my_group(rank, self.tok)
+        return _hierarchical(ranks, self.sizes(m), self.level, rank)
+
+    def layout(self, m: ModelParallelLayout, name: str) -> MeshLayout:
+        sizes = tuple(self.sizes(m))
+        dims = [f"_l{i}" for i in range(len(sizes))]
+        dims[self.level] = name
+        whole = m.generator(self.generator).layout(self.tok)
+        return whole.unflatten(0, sizes[::-1], tuple(dims[::-1]))[name]
+
+
+class _Levels(_Group):
+    """Every level of a token's groups (hierarchical cp): names ``<key>_l0``, ``<key>_l1``, ..."""
+
+    def __init__(self, generator: str, token: str, sizes: Callable[[ModelParallelLayout], Sequence[int]]) -> None:
+        self.generator, self.tok, self.sizes = generator, token, sizes
+
+    def expand(self, m: ModelParallelLayout, key: str) -> dict[str, _Group]:
+        n = len(self.sizes(m))
+        return {f"{key}_l{i}": _Level(self.generator, self.tok, self.sizes, i) for i in range(n)}
+
+
+class _Embedding(_Group):
+    """The word or position embedding group: the ranks ``m.<ranks_fn>`` picks from the caller's
+    pipeline group; None on a rank that holds no embedding (Megatron leaves the global None)."""
+
+    partition = False
+
+    def __init__(self, ranks_fn: str) -> None:
+        self.ranks_fn = ranks_fn
+
+    def group(self, m: ModelParallelLayout, name: str, rank: int) -> np.ndarray | None:
+        pp = m.decoder.my_group(rank, "pp")
+        members = [int(r) for r in getattr(m, self.ranks_fn)(pp.tolist())]
+        return np.asarray(members, dtype=np.int32) if int(rank) in members else None
+
+
+class _DistOptInstance(_Group):
+    """Megatron's ``intra_dist_opt_instance``: ``intra_partial_expert_dp_size`` consecutive expert
+    tp-ep-pp groups, concatenated."""
+
+    def group(self, m: ModelParallelLayout, name: str, rank: int) -> np.ndarray:
+        edp = m.expert.my_group(rank, "dp")
+        size = m.intra_partial_expert_dp_size
+        k = int(np.nonzero(edp == rank)[0][0]) // size
+        chunk = edp[k * size : (k + 1) * size]
+        return np.concatenate([m.expert.my_group(int(r), "tp-ep-pp") for r in chunk]).astype(np.int32)
+
+    def layout(self, m: ModelParallelLayout, name: str) -> MeshLayout:
+        n = m.num_distributed_optimizer_instances
+        mesh = m.expert.mesh_layout.unflatten("dp", (n, m.intra_partial_expert_dp_size), ("_inter", "_intra"))
+        return mesh[tuple(d for d in mesh.names if d != "_inter")].flatten(name)
+
+
+def _partial_dp(m: ModelParallelLayout) -> tuple[int, int]:
+    return (m.intra_partial_dp_size, m.num_distributed_optimizer_instances)
+
+
+def _partial_expert_dp(m: ModelParallelLayout) -> tuple[int, int]:
+    return (m.intra_partial_expert_dp_size, m.num_distributed_optimizer_instances)
+
+
+def _partial_dist_opt(m: ModelParallelLayout) -> bool:
+    return m.num_distributed_optimizer_instances > 1
+
+
+def _hierarchical_cp(m: ModelParallelLayout) -> tuple[int, ...]:
+    return m.hierarchical_context_parallel_sizes or ()
+
+
+#: Every group ``initialize_model_parallel`` creates, in its creation order, keyed by Megatron's
+#: own NCCL-config names: the one table behind :meth:`ModelParallelLayout.group`, ``layout``,
+#: ``all_groups``, ``token`` and ``group_names``.
+_GROUPS: dict[str, _Group] = {
+    "dp_cp": _Token("decoder", "dp-cp"),
+    "intra_dp_cp": _Level("decoder", "dp-cp", _partial_dp, 0),
+    "dp": _Token("decoder", "dp"),
+    "cp": _Token("decoder", "cp"),
+    "hcp": _Levels("decoder", "cp", _hierarchical_cp),  # hcp_l0, hcp_l1, ... with hierarchical cp
+    "mp": _Token("decoder", "tp-pp"),
+    "tp": _Token("decoder", "tp"),
+    "pp": _Token("decoder", "pp"),
+    "embd": _Embedding("get_embedding_ranks"),
+    "pos_embd": _Embedding("get_position_embedding_ranks"),
+    "tp_dp_cp": _Token("decoder", "tp-dp-cp"),
+    "tp_dp": _Token("decoder", "tp-dp"),
+    "tp_cp": _Token("decoder", "tp-cp"),
+    "ep": _Token("expert", "ep"),
+    "ep_tp": _Token("expert", "tp"),
+    "tp_ep_mp": _Token("expert", "tp-ep"),
+    "tp_ep_pp": _Token("expert", "tp-ep-pp"),
+    "ep_dp": _Token("expert", "dp"),
+    "intra_ep_dp": _Level("expert", "dp", _partial_expert_dp, 0),  # Megatron aliases it to ep_dp when n == 1
+    "inter_ep_dp": _Level("expert", "dp", _partial_expert_dp, 1, when=_partial_dist_opt),
+    "intra_dist_opt_instance": _DistOptInstance(),
+}
+
+
 class ModelParallelLayout:
     """The dense ("decoder") and expert :class:`RankGenerator` of Megatron's
     ``initialize_model_parallel``, and every group it creates, per rank in O(group size).
@@ -529,8 +693,15 @@ class ModelParallelLayout:
         ...                           context_parallel_size=2, expert_model_parallel_size=4)
         >>> m.dp, m.expert_dp
         (8, 4)
-        >>> {k: m.group(k, 13).tolist() for k in ("tp", "cp", "dp", "pp", "ep", "ep_dp", "embd")}
-        {'tp': [12, 13], 'cp': [13, 15], 'dp': [1, 5, 9, 13, 17, 21, 25, 29], 'pp': [13, 45], 'ep': [9, 11, 13, 15], 'ep_dp': [5, 13, 21, 29], 'embd': [13, 45]}
+        >>> for k in ("tp", "cp", "dp", "pp", "ep", "ep_dp", "embd"):
+        ...     print(k, m.group(13, k).tolist())
+        tp [12, 13]
+        cp [13, 15]
+        dp [1, 5, 9, 13, 17, 21, 25, 29]
+        pp [13, 45]
+        ep [9, 11, 13, 15]
+        ep_dp [5, 13, 21, 29]
+        embd [13, 45]
     """
 
     def __init__(
@@ -560,118 +731,72 @@ class ModelParallelLayout:
         n = num_distributed_optimizer_instances
         self.intra_partial_dp_size = (self.dp * self.cp) // n
         self.intra_partial_expert_dp_size = self.expert_dp // n
+        #: Every group name of this configuration, in creation order, with the entry of
+        #: :data:`_GROUPS` that answers it.
+        self._entries: dict[str, _Group] = {}
+        for key, entry in _GROUPS.items():
+            self._entries.update(entry.expand(self, key))
 
     # -- names --------------------------------------------------------------------------------
     @property
     def group_names(self) -> tuple[str, ...]:
         """Every group name, in Megatron's creation order (the order to create process groups in)."""
-        out: list[str] = []
-        for name, _, _ in _GROUPS:
-            if name == "hcp":
-                if self.hierarchical_context_parallel_sizes:
-                    out.extend(f"hcp_l{i}" for i in range(len(self.hierarchical_context_parallel_sizes)))
-            elif name in ("intra_ep_dp", "inter_ep_dp") and self.num_distributed_optimizer_instances == 1:
-                if name == "intra_ep_dp":
-                    out.append(name)  # Megatron aliases it to ep_dp
-            else:
-                out.append(name)
-        return tuple(out)
+        return tuple(self._entries)
 
-    def _check_name(self, name: str) -> None:
-        if name not in self.group_names:
+    def _entry(self, name: str) -> _Group:
+        entry = self._entries.get(name) if isinstance(name, str) else None
+        if entry is None:
             raise UnknownNameError(
                 f"unknown group {name!r}; the groups are {', '.join(self.group_names)}", field="name", value=name
             )
+        return entry
 
     def token(self, name: str) -> tuple[str, str] | None:
         """``(generator, token)`` behind a plain group, e.g. ``"mp"`` -> ``("decoder", "tp-pp")``;
         None for derived groups (partial DP, hierarchical cp, embeddings)."""
-        self._check_name(name)
-        for n, gen, tok in _GROUPS:
-            if n == name:
-                return (gen, tok) if tok else None
-        return None
+        return self._entry(name).token
 
     def generator(self, which: str) -> RankGenerator:
         return {"decoder": self.decoder, "expert": self.expert}[which]
 
     # -- one rank's groups, O(group size) -------------------------------------------------------
-    def group(self, name: str, rank: int) -> np.ndarray | None:
+    def group(self, rank: int, name: str) -> np.ndarray | None:
         """``rank``'s group ``name`` (int32), as Megatron lists it; None for ``embd``/``pos_embd``
         when ``rank`` holds no embedding (Megatron leaves those globals None)."""
-        self._check_name(name)
-        tok = self.token(name)
-        if tok is not None:
-            return self.generator(tok[0]).my_group(tok[1], rank)
-        n = self.num_distributed_optimizer_instances
-        if name == "intra_dp_cp":
-            g = self.decoder.my_group("dp-cp", rank)
-            return _hierarchical(g, [self.intra_partial_dp_size, n], 0, rank)
-        if name in ("intra_ep_dp", "inter_ep_dp"):
-            g = self.expert.my_group("dp", rank)
-            return _hierarchical(g, [self.intra_partial_expert_dp_size, n], 0 if name == "intra_ep_dp" else 1, rank)
-        if name.startswith("hcp_l"):
-            g = self.decoder.my_group("cp", rank)
-            return _hierarchical(g, self.hierarchical_context_parallel_sizes, int(name[5:]), rank)
-        if name in ("embd", "pos_embd"):
-            fn = self.get_embedding_ranks if name == "embd" else self.get_position_embedding_ranks
-            members = [int(r) for r in fn(self.decoder.my_group("pp", rank).tolist())]
-            return np.asarray(members, dtype=np.int32) if int(rank) in members else None
-        if name == "intra_dist_opt_instance":
-            # Megatron concatenates intra_partial_expert_dp_size consecutive tp-ep-pp groups.
-            edp = self.expert.my_group("dp", rank)
-            k = int(np.nonzero(edp == rank)[0][0]) // self.intra_partial_expert_dp_size
-            chunk = edp[k * self.intra_partial_expert_dp_size : (k + 1) * self.intra_partial_expert_dp_size]
-            return np.concatenate([self.expert.my_group("tp-ep-pp", int(r)) for r in chunk]).astype(np.int32)
-        raise AssertionError(name)  # pragma: no cover
+        rank = _rank_arg(rank, "ModelParallelLayout.group", "name")
+        return self._entry(name).group(self, name, rank)
 
     def groups_of(self, rank: int) -> dict[str, np.ndarray | None]:
         """Every group of ``rank``, by name, in creation order."""
-        return {name: self.group(name, rank) for name in self.group_names}
+        return {name: self.group(rank, name) for name in self.group_names}
 
     # -- layouts (for process groups and tooling) -----------------------------------------------
     def layout(self, name: str) -> MeshLayout | None:
         """The 1-D layout whose groups partition the world like group ``name`` (same members as
         :meth:`group`, ranks ascending), or None for ``embd``/``pos_embd``, which do not cover
         the world, and for a partial-DP split that cuts a dim flattened from non-adjacent dims."""
-        self._check_name(name)
-        tok = self.token(name)
-        if tok is not None:
-            return self.generator(tok[0]).layout(tok[1])
-        n = self.num_distributed_optimizer_instances
+        entry = self._entry(name)
         try:
-            if name == "intra_dp_cp":
-                return self.decoder.layout("dp-cp").unflatten(0, (n, self.intra_partial_dp_size), ("_inter", name))[name]
-            if name in ("intra_ep_dp", "inter_ep_dp"):
-                lay = self.expert.layout("dp").unflatten(
-                    0, (n, self.intra_partial_expert_dp_size), ("inter_ep_dp", "intra_ep_dp")
-                )
-                return lay[name]
-            if name.startswith("hcp_l"):
-                sizes = self.hierarchical_context_parallel_sizes
-                lvl_names = tuple(f"hcp_l{i}" for i in range(len(sizes)))
-                return self.decoder.layout("cp").unflatten(0, tuple(reversed(sizes)), tuple(reversed(lvl_names)))[name]
-            if name == "intra_dist_opt_instance":
-                mesh = self.expert.mesh_layout.unflatten(
-                    "dp", (n, self.intra_partial_expert_dp_size), ("_inter", "_intra")
-                )
-                keep = tuple(d for d in mesh.names if d != "_inter")
-                return mesh[keep].flatten(name)
-        except ValueError:  # IncompatibleLayoutError: not a strided partition
+            return entry.layout(self, name)
+        except IncompatibleLayoutError:  # not a strided partition
             return None
-        return None
 
     def all_groups(self, name: str) -> np.ndarray:
-        """Every group ``name`` as ``(num_groups, group_size)`` int32 (ranks ascending for derived
-        groups), O(world). Not for ``embd``/``pos_embd``."""
-        lay = self.layout(name)
-        if lay is None:
-            raise ParallelConfigError(f"group {name!r} is not a partition of the world", field="name", value=name)
-        tok = self.token(name)
-        if tok is not None:
-            return self.generator(tok[0]).groups(tok[1])
-        g = lay.groups()
-        return g.reshape(g.shape[0], -1)
+        """Every group ``name`` as ``(num_groups, group_size)`` int32 (Megatron's order for plain
+        groups, ranks ascending for derived ones), O(world). Not for ``embd``/``pos_embd``."""
+        entry = self._entry(name)
+        try:
+            groups = entry.all_groups(self, name)
+        except IncompatibleLayoutError:
+            groups = None
+        if groups is None:
+            raise ParallelConfigError(
+                f"group {name!r} is not a partition of the world; ask group(rank, {name!r}) for one "
+                "rank's members instead",
+                field="name",
+                value=name,
+            )
+        return groups
 
     # -- torch, through rankmesh.torch_layer ----------------------------------------------------
     def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
@@ -683,14 +808,19 @@ class ModelParallelLayout:
         ones), created in Megatron's order so that every rank agrees; groups with the same
         members share one process group. Size-1 groups use the fake backend."""
         if names is None:
-            wanted = tuple(n for n in self.group_names if n not in ("embd", "pos_embd"))
+            wanted = tuple(n for n in self.group_names if self._entries[n].partition)
         else:
             wanted = tuple(names)
-        out: dict[str, Any] = {}
-        for name in self.group_names:
-            if name not in wanted or name in ("embd", "pos_embd"):
-                continue
-            lay = self.layout(name)
+        for name in wanted:  # every name checked before any group is created
+            if not self._entry(name).partition:
+                raise ParallelConfigError(
+                    f"{name!r} groups do not cover the world; create them with "
+                    f"torch.distributed.new_group(group(rank, {name!r})) on their members",
+                    field="names",
+                    value=name,
+                )
+        layouts = {name: self.layout(name) for name in self.group_names if name in wanted}
+        for name, lay in layouts.items():
             if lay is None:
                 raise ParallelConfigError(
                     f"group {name!r} is not a strided partition of the world; it cannot be built "
@@ -698,17 +828,7 @@ class ModelParallelLayout:
                     field="name",
                     value=name,
                 )
-            out[name] = builder.process_group(lay, 0, fake=lay.size() == 1)
-        for name in wanted:
-            if name in ("embd", "pos_embd"):
-                raise ParallelConfigError(
-                    f"{name!r} groups do not cover the world; create them with "
-                    f"torch.distributed.new_group(group({name!r}, rank)) on their members",
-                    field="names",
-                    value=name,
-                )
-            self._check_name(name)
-        return out
+        return {name: builder.process_group(lay, 0, fake=lay.size() == 1) for name, lay in layouts.items()}
 
     def __repr__(self) -> str:
         return (
@@ -737,25 +857,33 @@ def model_parallel_layout(
     """The layouts of Megatron's ``initialize_model_parallel`` (same keyword names), with its checks.
 
     Nothing is communicated: this is pure layout work, identical on every rank. Raises
-    :class:`ParallelConfigError` (a ``RuntimeError``, like Megatron) when ``world_size`` is not a
-    multiple of tp*pp*cp or of expert_tp*ep*pp and when a virtual pipeline is asked without
-    pp > 1; and its subclass :class:`MegatronConfigError` (also an ``AssertionError``, like
-    Megatron's asserts) when the order does not end with pp and pp > 1 and the dense and expert
-    dp sizes differ, when the dense and expert pipeline groups differ, when dp*cp or the expert
-    dp is not a multiple of ``num_distributed_optimizer_instances``, and when the hierarchical cp
-    sizes do not multiply to cp.
+    :class:`~rankmesh.SizeMismatchError` (a ``RuntimeError``, like Megatron; ``field`` is
+    ``"world_size"``, ``value`` the world size) when ``world_size`` is not a multiple of tp*pp*cp
+    or of expert_tp*ep*pp: rankmesh's one class for degrees that do not fit the world, in every
+    convention. Raises :class:`ParallelConfigError` (a ``RuntimeError``, like Megatron) when a
+    virtual pipeline is asked without pp > 1; and its subclass :class:`MegatronConfigError`
+    (also an ``AssertionError``, like Megatron's asserts) when the order does not end with pp and
+    pp > 1 and the dense and expert dp sizes differ, when the dense and expert pipeline groups
+    differ, when dp*cp or the expert dp is not a multiple of
+    ``num_distributed_optimizer_instances``, and when the hierarchical cp sizes do not multiply to
+    cp. A degree that is not an int raises :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``)
+    and one < 1 :class:`~rankmesh.InvalidSizeError`.
     """
-    world_size = _positive(world_size, "world_size")
-    tp = _positive(tensor_model_parallel_size, "tensor_model_parallel_size")
-    pp = _positive(pipeline_model_parallel_size, "pipeline_model_parallel_size")
-    cp = _positive(context_parallel_size, "context_parallel_size")
-    ep = _positive(expert_model_parallel_size, "expert_model_parallel_size")
-    etp = tp if expert_tensor_parallel_size is None else _positive(expert_tensor_parallel_size, "expert_tensor_parallel_size")
-    n_do = _positive(num_distributed_optimizer_instances, "num_distributed_optimizer_instances")
+    world_size = positive_int(world_size, "world_size")
+    tp = positive_int(tensor_model_parallel_size, "tensor_model_parallel_size")
+    pp = positive_int(pipeline_model_parallel_size, "pipeline_model_parallel_size")
+    cp = positive_int(context_parallel_size, "context_parallel_size")
+    ep = positive_int(expert_model_parallel_size, "expert_model_parallel_size")
+    etp = (
+        tp
+        if expert_tensor_parallel_size is None
+        else positive_int(expert_tensor_parallel_size, "expert_tensor_parallel_size")
+    )
+    n_do = positive_int(num_distributed_optimizer_instances, "num_distributed_optimizer_instances")
 
     model = tp * pp * cp
-    if world_size % model:
-        raise ParallelConfigError(
+    if world_size % model:  # SizeMismatchError, a RuntimeError like megatron-core's
+        raise SizeMismatchError(
             f"world_size ({world_size}) is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model}; "
             f"use a world that is a multiple of {model} or smaller degrees",
             field="world_size",
@@ -763,7 +891,7 @@ def model_parallel_layout(
         )
     dp = world_size // model
     if virtual_pipeline_model_parallel_size is not None:
-        _positive(virtual_pipeline_model_parallel_size, "virtual_pipeline_model_parallel_size")
+        positive_int(virtual_pipeline_model_parallel_size, "virtual_pipeline_model_parallel_size")
         if not pp > 1:
             raise ParallelConfigError(
                 "pipeline-model-parallel size should be greater than 1 with interleaved schedule "
@@ -777,7 +905,7 @@ def model_parallel_layout(
 
     expert_model = etp * ep * pp
     if world_size % expert_model:
-        raise ParallelConfigError(
+        raise SizeMismatchError(
             f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
             f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
             field="world_size",
@@ -820,7 +948,10 @@ def model_parallel_layout(
             value=n_do,
         )
     if hierarchical_context_parallel_sizes:
-        hs = [_positive(s, "hierarchical_context_parallel_sizes") for s in hierarchical_context_parallel_sizes]
+        hs = [
+            positive_int(s, f"hierarchical_context_parallel_sizes[{i}]")
+            for i, s in enumerate(hierarchical_context_parallel_sizes)
+        ]
         if int(np.prod(hs)) != cp:
             raise MegatronConfigError(
                 f"hierarchical_context_parallel_sizes {hs} multiply to {int(np.prod(hs))}, not cp ({cp})",
