@@ -1,5 +1,10 @@
 """Shared test set-up.
 
+``fake_world(world_size, rank, backend="fake")``: a fresh in-process world seen from ``rank``
+(one process stands in for any rank of any world), on torch's fake process group; yields the
+default group and always destroys the world on the way out, also when the body raises. Test
+modules import it: ``from tests.conftest import fake_world``.
+
 ``meshfake``: the fake process group registered under another name. In a world on the ``fake``
 backend, a group on the default backend and one overridden to ``"fake"`` are indistinguishable
 (``dist.get_backend``, ``_get_backend_name`` and the group description are equal), so tests that
@@ -9,6 +14,13 @@ check which dims are fake run their worlds on ``meshfake``: groups on the defaul
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+FAKE = "fake"
 MESHFAKE = "meshfake"
 
 
@@ -16,6 +28,23 @@ def _create_meshfake_pg(common_opts, backend_opts):
     from torch._C._distributed_c10d import FakeProcessGroup
 
     return FakeProcessGroup._create_internal(common_opts.group_rank, common_opts.group_size, backend_opts)
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int, backend: str = FAKE) -> Iterator[Any]:
+    """``init_process_group(backend)`` with a ``FakeStore`` for ``rank`` of ``world_size``; yields
+    the default group; destroys the process group on exit whatever happens in the body. ``backend``
+    is ``"fake"`` or another name for the fake group (``meshfake``, or a test's own). Skips the
+    test where torch is not installed."""
+    dist = pytest.importorskip("torch.distributed")  # skips the test where torch is absent
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # also registers "fake"
+
+    dist.init_process_group(backend, rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield dist.distributed_c10d._get_default_group()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def pytest_configure(config) -> None:

@@ -21,6 +21,8 @@ from rankmesh.plan import build_plan, count_process_groups, format_group
 from rankmesh.single import single_mesh
 from rankmesh.topology import gpus_per_node_from_env
 
+from tests.conftest import fake_world
+
 
 def run(capsys, *argv):
     code = main(list(argv))
@@ -166,17 +168,12 @@ def test_count_is_the_number_of_distinct_partitions(convention, world, kw):
 )
 def test_count_equals_the_torch_layers_real_build(world, kw):
     """The number ``plan`` prints is what ParallelDims + MeshBuilder create on a rank."""
-    dist = pytest.importorskip("torch.distributed")
     parallel_dims = pytest.importorskip("rankmesh.parallel_dims")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=3, world_size=world, store=FakeStore())
-    try:
+    with fake_world(world, 3):
         pd = parallel_dims.ParallelDims(**kw, world_size=world)
         pd.build_mesh("cpu")
         report = pd.build_report
-    finally:
-        dist.destroy_process_group()
     count = count_process_groups(build_plan("torchtitan", world, **kw))
     assert (report.real, report.fake) == (len(count.real), len(count.fake))
 

@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from rankmesh import IncompatibleLayoutError, MeshLayout, SliceOrderError
 from torch.distributed._mesh_layout import _MeshLayout
 
+from tests.conftest import fake_world
+
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # prime factors a world is drawn from; W is their product (W = 1 when none is drawn)
@@ -425,14 +427,6 @@ def test_size_one_everywhere(world_size):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def fake_backend():
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    return FakeStore
-
-
 @dataclass
 class MeshPair:
     ours: MeshLayout
@@ -454,7 +448,7 @@ def compare_device_mesh(ours: MeshLayout, mesh, rank: int) -> None:
 
 @settings(max_examples=60, **SETTINGS)
 @given(data=st.data())
-def test_device_mesh_on_fake_backend(fake_backend, data):
+def test_device_mesh_on_fake_backend(data):
     w = data.draw(st.sampled_from([1, 4, 6, 8, 12, 16, 24, 36, 48]), label="world")
     seed = data.draw(st.none() | st.integers(0, 2**32 - 1), label="seed")
     perm = None if seed is None else np.random.default_rng(seed).permutation(w)
@@ -493,8 +487,7 @@ def test_device_mesh_on_fake_backend(fake_backend, data):
     from torch.distributed.device_mesh import DeviceMesh
 
     for rank in ranks:
-        dist.init_process_group("fake", rank=rank, world_size=w, store=fake_backend())
-        try:
+        with fake_world(w, rank):
             tensor = torch.arange(w, dtype=torch.int32) if perm is None else torch.from_numpy(perm.astype(np.int32))
             mesh = DeviceMesh("cpu", tensor, mesh_dim_names=("world",))
             ours = MeshLayout.world(w, perm)
@@ -512,11 +505,9 @@ def test_device_mesh_on_fake_backend(fake_backend, data):
                     ours = ours.flatten(step[1])
                 compare_device_mesh(ours, mesh, rank)
             assert ours == shadow
-        finally:
-            dist.destroy_process_group()
 
 
-def test_device_mesh_torchtitan_style(fake_backend):
+def test_device_mesh_torchtitan_style():
     """A torchtitan-like build (world -> pp, dp_replicate, dp_shard, cp, tp; flattened dp and
     dp_shard_cp meshes) with a rank map, checked on every rank of a world of 48."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -525,8 +516,7 @@ def test_device_mesh_torchtitan_style(fake_backend):
     perm = np.random.default_rng(0).permutation(w)
     sizes, names = (2, 2, 3, 2, 2), ("pp", "dp_replicate", "dp_shard", "cp", "tp")
     for rank in range(w):
-        dist.init_process_group("fake", rank=rank, world_size=w, store=fake_backend())
-        try:
+        with fake_world(w, rank):
             world = DeviceMesh("cpu", torch.from_numpy(perm.astype(np.int32)), mesh_dim_names=("world",))
             mesh = world._unflatten(0, sizes, names)
             ours = MeshLayout.world(w, perm).unflatten("world", sizes, names)
@@ -538,9 +528,8 @@ def test_device_mesh_torchtitan_style(fake_backend):
             # the flattened dp of a non-adjacent pair, unflattened again
             flat = mesh["dp_replicate", "cp"]._flatten("dprc")
             ours_flat = ours["dp_replicate", "cp"].flatten("dprc")
-            compare_device_mesh(ours_flat.unflatten(0, (2, 2), ("x", "y")), flat._unflatten(0, (2, 2), ("x", "y")), rank)
-        finally:
-            dist.destroy_process_group()
+            xy = (0, (2, 2), ("x", "y"))
+            compare_device_mesh(ours_flat.unflatten(*xy), flat._unflatten(*xy), rank)
 
 
 def test_prime_factors():

@@ -36,6 +36,8 @@ from rankmesh.errors import (
 )
 from rankmesh.megatron import RankGenerator, model_parallel_layout
 
+from tests.conftest import fake_world
+
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed" on CPU
     warnings.simplefilter("ignore")
     ps = pytest.importorskip("megatron.core.parallel_state")
@@ -474,11 +476,9 @@ def test_docstring_examples_run():
 def test_process_groups_and_device_mesh(rank):
     dist = pytest.importorskip("torch.distributed")
     pytest.importorskip("rankmesh.torch_layer")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     m = model_parallel_layout(64, 2, 2, 2, 4, num_distributed_optimizer_instances=2)
-    dist.init_process_group("fake", rank=rank, world_size=64, store=FakeStore())
-    try:
+    with fake_world(64, rank):
         builder = m.mesh_builder()
         pgs = m.process_groups(builder)
         assert list(pgs) == [n for n in m.group_names if n not in ("embd", "pos_embd")]
@@ -498,8 +498,6 @@ def test_process_groups_and_device_mesh(rank):
         em = m.expert.device_mesh(["pp", "dp", "ep", "tp"], builder)
         assert tuple(em.shape) == (2, 4, 4, 2)
         assert em.get_coordinate() is not None
-    finally:
-        dist.destroy_process_group()
 
 
 def test_all_groups_partition_the_world():

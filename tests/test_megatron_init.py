@@ -11,9 +11,7 @@ redirected to a second renamed fake backend, ``fakegloo``, so backends are compa
 from __future__ import annotations
 
 import json
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,16 +20,16 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from tests.conftest import MESHFAKE, _create_meshfake_pg, fake_world
+from tests.mp import megatron_snapshot as snap
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     ps = pytest.importorskip("megatron.core.parallel_state")
     pytest.importorskip("einops")  # megatron's partial-DistOpt and hierarchical-cp paths
     from megatron.core import hyper_comm_grid as mgrid
 
-sys.path.insert(0, str(Path(__file__).parent / "mp"))
-import megatron_snapshot as snap  # noqa: E402
 import rankmesh.megatron as rm  # noqa: E402
-from conftest import MESHFAKE, _create_meshfake_pg  # noqa: E402
 from rankmesh import _megatron_init  # noqa: E402
 from rankmesh.errors import (  # noqa: E402
     DistributedStateError,
@@ -289,14 +287,11 @@ def test_other_refusals():
     with pytest.raises(MegatronStateError) as e:  # no default group
         rm.initialize_model_parallel()
     assert isinstance(e.value, AssertionError)
-    dist.init_process_group(MESHFAKE, store=FakeStore(), rank=0, world_size=8)
-    try:
+    with fake_world(8, 0, MESHFAKE):
         with pytest.raises(MegatronConfigError, match="pipeline group"):  # a rank of another group
             rm.initialize_model_parallel(pipeline_model_parallel_size=2, get_embedding_ranks=lambda r: [r[0] + 1, 99])
         with pytest.raises(MegatronConfigError):
             rm.initialize_model_parallel(pipeline_model_parallel_comm_backend="mpi")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_unsupported_megatron_core_is_refused(monkeypatch):
@@ -350,8 +345,7 @@ def test_grid_create_pg_equals_megatrons(seed, split, monkeypatch):
         got = {}
         for impl in (mgrid.HyperCommGrid, rm.HyperCommGrid):
             backend = SPLITFAKE if split and impl is rm.HyperCommGrid else MESHFAKE
-            dist.init_process_group(backend, store=FakeStore(), rank=rank, world_size=world)
-            try:
+            with fake_world(world, rank, backend):
                 if split and impl is rm.HyperCommGrid:
                     if not _can_split():
                         pytest.skip("the fake backend of this torch cannot split")
@@ -371,8 +365,6 @@ def test_grid_create_pg_equals_megatrons(seed, split, monkeypatch):
                 # rankmesh's one-rank fake placeholders (ranks outside the grid) are not counted
                 real = [pg for pg in c10d._world.pg_map if pg not in before and dist.get_backend(pg) != "fake"]
                 got[impl] = (out, len(real))
-            finally:
-                dist.destroy_process_group()
         (theirs, n_theirs), (ours, n_ours) = got[mgrid.HyperCommGrid], got[rm.HyperCommGrid]
         assert ours == theirs, (shape, names, offset, world, rank)
         assert n_ours <= n_theirs

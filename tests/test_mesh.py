@@ -23,7 +23,6 @@ No timing is asserted anywhere; speed is measured by the benchmarks.
 from __future__ import annotations
 
 import ast
-import contextlib
 import copy
 import math
 import pickle
@@ -55,7 +54,8 @@ from rankmesh.errors import (
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from tests.conftest import FAKE, MESHFAKE, fake_world
 
 pytestmark = [
     pytest.mark.skipif(
@@ -65,18 +65,6 @@ pytestmark = [
     # torch deprecates slicing a flattened dim from the root; the property test does it on purpose.
     pytest.mark.filterwarnings("ignore:Slicing a flattened dim from root mesh"),
 ]
-
-FAKE = "fake"
-MESHFAKE = "meshfake"  # registered by tests/conftest.py
-
-
-@contextlib.contextmanager
-def fake_world(world_size: int, rank: int, backend: str = FAKE):
-    dist.init_process_group(backend, rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield dist.distributed_c10d._get_default_group()
-    finally:
-        dist.destroy_process_group()
 
 
 def _free_port() -> int:

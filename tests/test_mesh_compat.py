@@ -16,7 +16,8 @@ from rankmesh import MeshLayout, _groups, _torch_compat, mesh
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import init_device_mesh as torch_init
-from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from tests.conftest import fake_world
 
 
 def _skip_unless_fake_backend_splits() -> None:
@@ -29,11 +30,8 @@ def _skip_unless_fake_backend_splits() -> None:
 
 @pytest.fixture
 def world8():
-    dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-    try:
+    with fake_world(8, 5):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_this_torch_is_supported_and_passes_the_self_check():
@@ -107,8 +105,7 @@ def test_split_group_with_the_narrowed_rank_table_equals_torchs_and_restores_it(
     from rankmesh.torch_layer import _narrowed_parent_ranks
 
     W = 64
-    dist.init_process_group("fake", rank=13, world_size=W, store=FakeStore())
-    try:
+    with fake_world(W, 13):
         _skip_unless_fake_backend_splits()
         pg = dist.distributed_c10d._get_default_group()
         pg.bound_device_id = torch.device("cuda", 0)
@@ -130,8 +127,6 @@ def test_split_group_with_the_narrowed_rank_table_equals_torchs_and_restores_it(
         sub = dist.new_group(list(range(32)), use_local_synchronization=True)
         with _narrowed_parent_ranks(sub, ranks, W):
             assert len(table[sub]) == 32
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fast_meshes_on_the_split_path_equal_the_new_group_path():
@@ -139,8 +134,7 @@ def test_fast_meshes_on_the_split_path_equal_the_new_group_path():
     import torch
 
     def build(bound: bool):
-        dist.init_process_group("fake", rank=21, world_size=64, store=FakeStore())
-        try:
+        with fake_world(64, 21):
             if bound:
                 _skip_unless_fake_backend_splits()
                 dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
@@ -150,8 +144,6 @@ def test_fast_meshes_on_the_split_path_equal_the_new_group_path():
             out = [dist.get_process_group_ranks(m.get_group(i)) for i in range(3)]
             out.append(dist.get_process_group_ranks(flat.get_group()))
             return out, m.build_report().method
-        finally:
-            dist.destroy_process_group()
 
     (split, method_s), (new, method_n) = build(True), build(False)
     assert (method_s, method_n) == ("split_group", "new_group")

@@ -11,7 +11,6 @@ mesh, group ranks, coordinate and local ranks as stock torch. Stock torch costs 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
 
@@ -26,7 +25,8 @@ from rankmesh._stock import stock_build as _stock_build
 from rankmesh.errors import ParallelDimsError, RankmeshError, SliceOrderError, UnknownNameError
 from rankmesh.parallel_dims import ParallelDims
 from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from tests.conftest import fake_world
 
 NAMES = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
 GLOBAL = {
@@ -34,15 +34,6 @@ GLOBAL = {
     "dense": ("pp", "dp_replicate", "fsdp", "tp"),
     "sparse": ("pp", "dp_replicate", "efsdp", "ep", "etp"),
 }
-
-
-@contextlib.contextmanager
-def fake_world(world_size: int, rank: int):
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 # -- the oracle: torchtitan's build on stock torch -----------------------------------------------

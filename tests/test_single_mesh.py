@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import numpy as np
@@ -18,6 +17,8 @@ from rankmesh.single import (
     get_tp_mesh,
     single_mesh,
 )
+
+from tests.conftest import fake_world
 
 
 def reference_names(world, pp, dp_replicate, dp_shard, ep, tp):
@@ -193,23 +194,12 @@ def test_type_errors():
 # -- DeviceMesh through the torch layer (fake backend, in this process) ----------------------------
 
 
-@contextlib.contextmanager
-def fake_world(world_size: int, rank: int):
-    dist = pytest.importorskip("torch.distributed")
-    pytest.importorskip("rankmesh.torch_layer")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield dist
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("rank", [0, 13, 63])
 def test_device_mesh_and_helpers(rank):
     m = single_mesh(64, pp=2, dp_replicate=2, tp=4)
-    with fake_world(64, rank) as dist:
+    with fake_world(64, rank):  # skips without torch
+        import torch.distributed as dist
+
         builder = m.mesh_builder()
         dm = m.device_mesh(builder)
         assert tuple(dm.mesh_dim_names) == m.names and tuple(dm.shape) == m.shape

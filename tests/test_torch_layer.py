@@ -7,7 +7,6 @@ check_consistency (including its mismatch and timeout paths, simulated).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import random
@@ -32,16 +31,8 @@ from rankmesh.errors import (
 from rankmesh.parallel_dims import ParallelDims
 from rankmesh.torch_layer import BuildReport, MeshBuilder, _from_i64, _to_i64, check_consistency
 from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
-
-@contextlib.contextmanager
-def fake_world(world_size: int, rank: int):
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield dist.distributed_c10d._get_default_group()
-    finally:
-        dist.destroy_process_group()
+from tests.conftest import fake_world
 
 
 def partition(layout: MeshLayout, dim) -> frozenset:

@@ -14,7 +14,6 @@ No timing is asserted; the benchmarks measure speed.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
 import subprocess
@@ -28,11 +27,12 @@ import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the
 from rankmesh import _torch_compat
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 tpd = pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
 import rankmesh.torchtitan as rt  # noqa: E402
 from rankmesh.mesh import FastDeviceMesh  # noqa: E402
+
+from tests.conftest import MESHFAKE, fake_world  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not _torch_compat.fast_meshes_available(),
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
-DEFAULT_BACKEND = "meshfake"  # registered by tests/conftest.py
+DEFAULT_BACKEND = MESHFAKE
 ALL_AXES = ("pp", "dp", "dp_replicate", "dp_shard", "fsdp", "cp", "tp", "ep", "efsdp", "batch", "loss")
 
 
@@ -52,13 +52,8 @@ def _cpu_and_restored(monkeypatch):
     assert not rt.is_accelerated(), "a test left torchtitan accelerated"
 
 
-@contextlib.contextmanager
 def titan_world(world_size: int, rank: int):
-    dist.init_process_group(DEFAULT_BACKEND, rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    return fake_world(world_size, rank, DEFAULT_BACKEND)
 
 
 def make_pd(cfg: dict, world: int, backend: str):
