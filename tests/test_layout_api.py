@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ast
 import doctest
+import importlib.metadata
 import inspect
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -183,7 +185,10 @@ def test_same_ops_in_another_order_give_equal_layouts():
     # the same (dp, tp) mesh reached through different op sequences compares and hashes equal
     direct = MeshLayout.world(16).unflatten(0, (2, 2, 4), ("pp", "dp", "tp"))["dp", "tp"]
     via_flatten = (
-        MeshLayout.world(16).unflatten(0, (2, 8), ("pp", "rest"))["rest"].flatten("r").unflatten(0, (2, 4), ("dp", "tp"))
+        MeshLayout.world(16)
+        .unflatten(0, (2, 8), ("pp", "rest"))["rest"]
+        .flatten("r")
+        .unflatten(0, (2, 4), ("dp", "tp"))
     )
     assert direct == via_flatten
     assert direct.fingerprint() == via_flatten.fingerprint()
@@ -322,7 +327,7 @@ def test_stub_declares_exactly_what_the_extension_exports():
             top.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             top.add(node.target.id)
-    runtime = {n for n in dir(rankmesh._native) if not n.startswith("__")}
+    runtime = {n for n in dir(rankmesh._native) if not n.startswith("__")} | {"__version__"}
     assert top == runtime
 
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MeshLayout"]
@@ -336,3 +341,12 @@ def test_stub_declares_exactly_what_the_extension_exports():
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("__"):
             assert ast.get_docstring(node), f"{node.name} has no docstring in the stub"
     assert rankmesh._native.MAX_WORLD_SIZE == 2**31 - 1
+
+
+def test_one_version_from_cargo_toml():
+    """``rankmesh.__version__``, the extension's and the installed wheel's are Cargo.toml's."""
+    cargo = Path(__file__).resolve().parents[1] / "Cargo.toml"
+    package = cargo.read_text().split("[package]", 1)[1].split("\n[", 1)[0]
+    version = re.search(r'^version = "([^"]+)"$', package, re.M).group(1)
+    assert rankmesh.__version__ == rankmesh._native.__version__ == version
+    assert importlib.metadata.version("rankmesh") == version  # maturin's PEP 440 spelling of a release

@@ -1,8 +1,14 @@
 """Type stubs for ``rankmesh._native``, the PyO3 extension built from ``rust/python.rs``.
 
 Import the public names from :mod:`rankmesh` instead. Every method that can fail raises a
-subclass of :class:`rankmesh.errors.RankmeshError` (a ``ValueError``) naming the offending
-field and value; a panic in the Rust core surfaces as :class:`rankmesh.errors.InternalError`.
+subclass of :class:`rankmesh.errors.RankmeshError` (a ``ValueError``) with the offending ``field``
+and ``value`` (the value itself: an int, a tuple of sizes, a name, ...); a panic in the Rust core
+surfaces as :class:`rankmesh.errors.InternalError`.
+
+Integer arguments follow :mod:`rankmesh._check`'s rule (anything with ``__index__``, numpy
+integers included, but not ``bool``); a float, bool or string where an int is needed, or a str
+where a sequence of names is, raises :class:`rankmesh.errors.ArgumentTypeError` (a ``TypeError``),
+and an int beyond 128 bits :class:`rankmesh.errors.LayoutOverflowError`.
 """
 
 from collections.abc import Sequence
@@ -17,6 +23,9 @@ _RankMap = npt.ArrayLike
 
 MAX_WORLD_SIZE: Final[int]
 """Largest world size accepted: torch stores ranks as int32, so ``2**31 - 1``."""
+
+__version__: Final[str]
+"""The crate's version from ``Cargo.toml``; ``rankmesh.__version__`` and the wheel use it too."""
 
 @final
 class MeshLayout:
@@ -41,7 +50,11 @@ class MeshLayout:
         Raises:
             InvalidSizeError: ``world_size <= 0``.
             LayoutOverflowError: ``world_size > MAX_WORLD_SIZE``.
-            InvalidRankMapError: ``rank_map`` is not a 1-D integer permutation of the world.
+            InvalidRankMapError: ``rank_map`` is not a 1-D permutation of the world; ``value`` is
+                the number of entries, the entry outside the world, the rank that appears twice,
+                or the shape of an array that is not 1-D.
+            ArgumentTypeError: ``world_size`` is not an int, or ``rank_map`` holds entries that
+                are not ints (``value`` is the first such entry) or is not a sequence.
         """
 
     def unflatten(self, dim: _Dim, sizes: Sequence[_Int], names: Sequence[str]) -> MeshLayout:
@@ -50,9 +63,12 @@ class MeshLayout:
 
         Raises:
             InvalidSizeError: a size ``<= 0`` (``field`` is e.g. ``"sizes[1]"``).
-            SizeMismatchError: the sizes do not multiply to the dim's size, or
-                ``len(sizes) != len(names)``.
-            LayoutOverflowError: a size or the product of sizes overflows.
+            SizeMismatchError: the sizes do not multiply to the dim's size (``field`` is
+                ``"sizes"``, ``value`` the sizes), or ``len(sizes) != len(names)`` (``"names"``,
+                the names).
+            LayoutOverflowError: a size over ``MAX_WORLD_SIZE``, or the size whose factor makes
+                the product of sizes overflow 64 bits (``field`` is e.g. ``"sizes[2]"``).
+            ArgumentTypeError: a size that is not an int, names that are not a sequence of str.
             IncompatibleLayoutError: the sizes cannot split a dim flattened from non-adjacent
                 dims (torch's pycute raises there too).
             DuplicateNameError, InvalidNameError, UnknownNameError, DimOutOfRangeError.
@@ -62,11 +78,12 @@ class MeshLayout:
         """Slices by one name or a tuple of names, in mesh order, like ``DeviceMesh.__getitem__``.
 
         Raises:
-            UnknownNameError (also a ``KeyError``), SliceOrderError, EmptySliceError,
-            DuplicateNameError.
+            UnknownNameError (also a ``KeyError``), SliceOrderError (``value`` is the names as
+            given; the message suggests an order that slices), EmptySliceError,
+            DuplicateNameError, ArgumentTypeError (a key that is not a name or names).
         """
 
-    def with_modes(self, axes: Sequence[Sequence[tuple[int, int]]], names: Sequence[str]) -> MeshLayout:
+    def with_modes(self, axes: Sequence[Sequence[tuple[_Int, _Int]]], names: Sequence[str]) -> MeshLayout:
         """A layout over this layout's world from raw ``(size, stride)`` modes per dim (torch's
         ``_FlatLayout`` shapes and strides), e.g. to mirror a layout torch's algebra produced.
         O(modes); the world and its rank map are shared.
@@ -76,8 +93,13 @@ class MeshLayout:
         True
 
         Raises:
-            InvalidLayoutError: the modes overlap or do not tile the world.
+            InvalidLayoutError: a mode that is not a positive ``(size, stride)`` pair or spans
+                more than the world (``field`` is ``"axes[a][k]"``, ``value`` the mode), or modes
+                that overlap or do not tile the world (``"axes"``, every dim's modes).
+            LayoutOverflowError: a size or stride beyond 64 bits (``field`` is e.g.
+                ``"axes[0][1][1]"`` for the stride of mode 1 of dim 0).
             SizeMismatchError: ``len(axes) != len(names)``.
+            ArgumentTypeError: a part of the wrong type (``field`` names it, e.g. ``"axes[1]"``).
             DuplicateNameError, InvalidNameError.
         """
 
@@ -152,14 +174,12 @@ class MeshLayout:
     def __repr__(self) -> str: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
-def _restore(
-    world_size: _Int,
-    rank_map: _RankMap | None,
-    axes: Sequence[Sequence[tuple[int, int]]],
-    names: Sequence[str],
-) -> MeshLayout:
-    """Rebuilds a pickled MeshLayout from its parts, validating every part
-    (``InvalidLayoutError`` when the modes do not tile the world)."""
+def _restore(*state: Any) -> MeshLayout:
+    """Rebuilds a pickled MeshLayout from its parts ``(world_size, rank_map, axes, names)``, as
+    :meth:`MeshLayout.__reduce__` gives them, validating every part as :meth:`MeshLayout.world`
+    and :meth:`MeshLayout.with_modes` do: whatever a corrupted payload holds, the failure is a
+    typed :mod:`rankmesh.errors` class naming its field (``InvalidLayoutError`` with field
+    ``"state"`` when there are not 4 parts)."""
 
 def _panic_for_test() -> None:
     """Test hook: panics inside the FFI guard; raises :class:`rankmesh.errors.InternalError`."""

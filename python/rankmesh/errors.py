@@ -11,9 +11,13 @@ description of it) next to a message that says how to fix it::
     ...     print(e.field, e.value)
     sizes (2, 2)
 
+The value is a Python object of the kind the field names: an ``int`` for a size, rank or dim, a
+``tuple`` for sizes or names, a ``str`` for one name, the ``(size, stride)`` mode for a raw mode.
+
 Some classes also derive from the builtin that torch raises in the same situation (``KeyError``
-for unknown names, ``IndexError`` for out-of-range dims and ranks, ``OverflowError``), so code
-written against ``DeviceMesh`` keeps catching them.
+for unknown names, ``IndexError`` for out-of-range dims and ranks, ``OverflowError``, and
+``TypeError`` for an argument of the wrong type, such as a float size), so code written against
+``DeviceMesh`` keeps catching them.
 """
 
 from __future__ import annotations
