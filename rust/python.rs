@@ -353,6 +353,7 @@ fn rank_map_arg<'py>(
     let len: usize = arr.getattr("size")?.extract()?;
     match kind.as_str() {
         "i" => {}
+        "u" if dtype.getattr("itemsize")?.extract::<usize>()? < 8 => {}
         "u" => {
             // uint64 entries beyond int64 would wrap in the conversion: report them as they are
             let big =
