@@ -1,6 +1,6 @@
 """CUDA / NCCL: the ``split_group`` path (default group bound to a device). Skipped without GPUs.
 
-``test_local_gpus`` runs tests/mp/worker.py under torchrun with one rank per visible GPU:
+``test_local_gpus`` runs tests/mp/worker.py (``-m tests.mp.worker``) under torchrun with one rank per visible GPU:
 ``init_process_group("nccl", device_id=cuda:<local_rank>)`` (eager NCCL init, so rankmesh makes
 every real group with ``split_group``), then ParallelDims meshes, all_reduce over every group,
 DTensor, FSDP2 on HSDP and check_consistency (mismatch and timeout) on NCCL. With one GPU only
@@ -9,10 +9,10 @@ the single-rank paths run (every dim is world-sized or size 1).
 On a multi-node CUDA cluster, run the same worker with torchrun on every node, writing to a
 directory every node can reach, then check the results from any node::
 
-    # on each of NNODES nodes (NODE_RANK = 0 .. NNODES-1; MASTER_ADDR = node 0's address)
+    # from the repository root on each of NNODES nodes (NODE_RANK = 0 .. NNODES-1; MASTER_ADDR = node 0's address)
     torchrun --nnodes $NNODES --node-rank $NODE_RANK --nproc-per-node $GPUS_PER_NODE \\
         --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 --rdzv-id rankmesh-cuda \\
-        tests/mp/worker.py --device cuda --out /shared/rankmesh-cuda
+        -m tests.mp.worker --device cuda --out /shared/rankmesh-cuda
 
     # then, anywhere:
     RANKMESH_CUDA_RESULTS=/shared/rankmesh-cuda RANKMESH_CUDA_WORLD=$((NNODES * GPUS_PER_NODE)) \\
@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.mp import rankmesh_mp as mp
+
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent / "mp"))
-import rankmesh_mp as mp  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -82,8 +80,8 @@ def assert_results(res, log: str, world: int) -> None:
 @needs_gpu
 def test_local_gpus(tmp_path):
     world = _gpus()
-    cmd = mp.torchrun() + ["--standalone", "--nproc-per-node", str(world), str(mp.WORKER)]
-    cmd += ["--device", "cuda", "--out", str(tmp_path)]
+    cmd = mp.torchrun() + ["--standalone", "--nproc-per-node", str(world)]
+    cmd += mp.worker_args(mp.WORKER, "--device", "cuda", "--out", str(tmp_path))
     log = mp.launch([cmd], tmp_path, LAUNCH_TIMEOUT_S)
     assert_results(mp.results(tmp_path), log, world)
 

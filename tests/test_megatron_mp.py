@@ -8,16 +8,13 @@ The launch has a hard deadline, so a hang fails the test instead of blocking CI.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch.distributed as dist
 
+from tests.mp import rankmesh_mp as mp
+
 pytest.importorskip("megatron.core.parallel_state", reason="megatron-core is a test dependency")
 pytest.importorskip("einops")
-sys.path.insert(0, str(Path(__file__).parent / "mp"))
-import rankmesh_mp as mp  # noqa: E402
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -25,13 +22,12 @@ pytestmark = [
 ]
 
 WORLD = 8
-WORKER = Path(__file__).parent / "mp" / "megatron_worker.py"
 CONFIGS = ("moe", "cp", "pp4")
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return mp.run_standalone(WORKER, tmp_path_factory.mktemp("mp_megatron"), WORLD)
+    return mp.run_standalone(mp.MEGATRON_WORKER, tmp_path_factory.mktemp("mp_megatron"), WORLD)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)

@@ -1,8 +1,9 @@
 """Real gloo process groups on CPU via torchrun: 8 ranks on one node, and 8 ranks as two torchrun
-"nodes" on loopback (c10d rendezvous). The ranks run tests/mp/worker.py, which records one JSON
-line per check and rank; each test here asserts one check on all 8 ranks: all_reduce over every
-group, DTensor on the dense/HSDP meshes, FSDP2 on HSDP (also with TP, and on a size-1 fake
-efsdp), and check_consistency raising ConfigMismatchError / ConsistencyTimeoutError everywhere.
+"nodes" on loopback (c10d rendezvous). The ranks run tests/mp/worker.py (``torchrun ... -m
+tests.mp.worker`` from the repository root), which records one JSON line per check and rank;
+each test here asserts one check on all 8 ranks: all_reduce over every group, DTensor on the
+dense/HSDP meshes, FSDP2 on HSDP (also with TP, and on a size-1 fake efsdp), and
+check_consistency raising ConfigMismatchError / ConsistencyTimeoutError everywhere.
 
 Every launch has a hard deadline (the whole process group is killed past it), so a hang fails
 the test instead of blocking CI.
@@ -11,16 +12,13 @@ the test instead of blocking CI.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent / "mp"))
-import rankmesh_mp as mp  # noqa: E402
+from tests.mp import rankmesh_mp as mp  # noqa: E402
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -58,9 +56,7 @@ def single_node(tmp_path_factory):
         "--standalone",
         "--nproc-per-node",
         str(WORLD),
-        str(mp.WORKER),
-        "--out",
-        str(out),
+        *mp.worker_args(mp.WORKER, "--out", str(out)),
     ]
     log = mp.launch([cmd], out, LAUNCH_TIMEOUT_S, GLOO_ENV)
     return mp.results(out), log
@@ -91,9 +87,7 @@ def two_nodes(tmp_path_factory):
                 f"is_host={1 if node == 0 else 0}",
                 "--local-addr",
                 "127.0.0.1",
-                str(mp.WORKER),
-                "--out",
-                str(out),
+                *mp.worker_args(mp.WORKER, "--out", str(out)),
             ]
         )
     log = mp.launch(cmds, out, LAUNCH_TIMEOUT_S, GLOO_ENV)

@@ -7,16 +7,13 @@ The launch has a hard deadline, so a hang fails the test instead of blocking CI.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch.distributed as dist
+from rankmesh import _torch_compat
+
+from tests.mp import rankmesh_mp as mp
 
 pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
-sys.path.insert(0, str(Path(__file__).parent / "mp"))
-import rankmesh_mp as mp  # noqa: E402
-from rankmesh import _torch_compat  # noqa: E402
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -25,13 +22,12 @@ pytestmark = [
 ]
 
 WORLD = 8
-WORKER = Path(__file__).parent / "mp" / "titan_worker.py"
 BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return mp.run_standalone(WORKER, tmp_path_factory.mktemp("mp_titan"), WORLD)
+    return mp.run_standalone(mp.TITAN_WORKER, tmp_path_factory.mktemp("mp_titan"), WORLD)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -93,4 +93,8 @@ def snapshot() -> dict[str, Any]:
 
 def diff(stock: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     keys = sorted(set(stock) | set(ours))
-    return [f"{k}: stock {stock.get(k)!r:.300} vs rankmesh {ours.get(k)!r:.300}" for k in keys if stock.get(k) != ours.get(k)]
+    return [
+        f"{k}: stock {stock.get(k)!r:.300} vs rankmesh {ours.get(k)!r:.300}"
+        for k in keys
+        if stock.get(k) != ours.get(k)
+    ]

@@ -1,5 +1,5 @@
-"""One rank of the megatron-core multi-process test (torchrun, 8 ranks, gloo on CPU; see
-tests/test_megatron_mp.py).
+"""One rank of the megatron-core multi-process test (torchrun as ``-m tests.mp.megatron_worker`` from
+the repository root, 8 ranks, gloo on CPU; see tests/test_megatron_mp.py).
 
 For each configuration every rank runs rankmesh's ``initialize_model_parallel`` (real gloo groups)
 and snapshots ``parallel_state`` (tests/mp/megatron_snapshot.py); after all of them (and the grid)
@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import warnings
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-sys.path.insert(0, os.path.dirname(__file__))
-import megatron_snapshot as snap  # noqa: E402
-from worker import Recorder, assert_reduces  # noqa: E402
+from tests.mp import megatron_snapshot as snap
+from tests.mp.worker import Recorder, assert_reduces
 
 CONFIGS = {
     "moe": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
@@ -96,7 +94,8 @@ def main() -> None:
         os.environ.pop("WORLD_SIZE", None)  # torchrun sets it; the grid reads it first (8 here either way)
         full = rm.HyperCommGrid([2, 2, 2], ["tp", "cp", "dp"])
         part = rm.HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=3)  # ranks 3..6 only
-        groups = [full.create_pg("cp"), full.create_pg(["tp", "dp"]), part.create_pg("dp"), part.create_pg(["tp", "dp"])]
+        groups = [full.create_pg("cp"), full.create_pg(["tp", "dp"])]
+        groups += [part.create_pg("dp"), part.create_pg(["tp", "dp"])]
         assert (groups[2] is None) == (not 3 <= rank < 7)
         n = all_reduce_every_group([g for g in groups if g is not None])["reduced"]
         later = dist.new_group(list(range(8)), use_local_synchronization=True)  # names still agree

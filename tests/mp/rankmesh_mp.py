@@ -1,6 +1,12 @@
-"""Launch helpers shared by tests/test_multiprocess.py and tests/test_cuda.py: run torchrun
-commands with a hard deadline (the whole process group is killed past it) and read back the
-JSON lines tests/mp/worker.py writes, one per check and rank."""
+"""Launch helpers shared by the multi-process tests (tests/test_multiprocess.py, test_cuda.py,
+test_torchtitan_mp.py, test_megatron_mp.py): run torchrun commands with a hard deadline (the
+whole process group is killed past it) and read back the JSON lines the workers write, one per
+check and rank.
+
+Workers are modules of this package, launched as ``torchrun ... -m tests.mp.<worker>`` from the
+repository root (``ROOT``; every launch runs there), so they import ``tests.mp`` like the tests
+do and nothing edits ``sys.path``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-WORKER = Path(__file__).parent / "worker.py"
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: `python -m tests.mp.<worker>` runs from here
+WORKER = "tests.mp.worker"  # the module torchrun runs (``-m``); see worker_args
+TITAN_WORKER = "tests.mp.titan_worker"
+MEGATRON_WORKER = "tests.mp.megatron_worker"
 
 
 def free_port() -> int:
@@ -24,6 +33,11 @@ def free_port() -> int:
 
 def torchrun() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
+
+
+def worker_args(module: str, *args: str) -> list[str]:
+    """torchrun's trailing arguments to run ``module`` (``python -m module *args``) on every rank."""
+    return ["-m", module, *args]
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -42,7 +56,12 @@ def launch(cmds: list[list[str]], out: Path, timeout_s: float, extra_env: dict[s
         logs.append(log)
         procs.append(
             subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env(**(extra_env or {})), start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env(**(extra_env or {})),
+                cwd=ROOT,
+                start_new_session=True,
             )
         )
     deadline = time.monotonic() + timeout_s
@@ -68,10 +87,12 @@ def launch(cmds: list[list[str]], out: Path, timeout_s: float, extra_env: dict[s
     return (f"TIMED OUT after {timeout_s} s\n" if timed_out else "") + text
 
 
-def run_standalone(worker: Path, out: Path, world: int, timeout_s: float = 300) -> tuple[dict[str, dict[int, dict]], str]:
-    """One ``torchrun --standalone`` launch of ``worker --out out`` on ``world`` gloo ranks over
-    loopback, with a hard deadline: (its results, the tail of its output)."""
-    cmd = torchrun() + ["--standalone", "--nproc-per-node", str(world), str(worker), "--out", str(out)]
+def run_standalone(
+    worker: str, out: Path, world: int, timeout_s: float = 300
+) -> tuple[dict[str, dict[int, dict]], str]:
+    """One ``torchrun --standalone`` launch of ``python -m worker --out out`` on ``world`` gloo
+    ranks over loopback, with a hard deadline: (its results, the tail of its output)."""
+    cmd = torchrun() + ["--standalone", "--nproc-per-node", str(world)] + worker_args(worker, "--out", str(out))
     log = launch([cmd], out, timeout_s, {"GLOO_SOCKET_IFNAME": "lo"})
     return results(out), log
 

@@ -1,5 +1,5 @@
-"""One rank of the torchtitan 0.3.0 multi-process test (run by torchrun, 8 ranks, gloo on CPU;
-see tests/test_torchtitan_mp.py).
+"""One rank of the torchtitan 0.3.0 multi-process test (run by torchrun as ``-m tests.mp.titan_worker``
+from the repository root, 8 ranks, gloo on CPU; see tests/test_torchtitan_mp.py).
 
 For each ``spmd_backend`` every rank builds torchtitan's ``ParallelDims`` twice: stock (torch's
 DeviceMesh, real gloo groups) and under ``rankmesh.torchtitan.accelerate()``. Checks, one JSON
@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 import warnings
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-sys.path.insert(0, os.path.dirname(__file__))
-from worker import Recorder, assert_reduces, check_fsdp  # noqa: E402
+from tests.mp.worker import Recorder, assert_reduces, check_fsdp
 
 CFG = dict(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2)
 DENSE_DP = {

@@ -1,10 +1,10 @@
-"""One rank of the multi-process tests (run by torchrun; see tests/test_multiprocess.py and
-tests/test_cuda.py).
+"""One rank of the multi-process tests (run by torchrun as ``-m tests.mp.worker`` from the
+repository root; see tests/test_multiprocess.py and tests/test_cuda.py).
 
 Gloo on CPU (``--device cpu``, 8 ranks) or NCCL on CUDA (``--device cuda``, any number of ranks,
-default group bound to the device so groups come from ``split_group``). Every check appends one JSON line ``{"check", "rank", "ok", ...}`` to
-``<out>/rank<r>.jsonl``; the test reads them back. The checks, in order (every rank runs the
-same sequence, SPMD):
+default group bound to the device so groups come from ``split_group``). Every check appends one
+JSON line ``{"check", "rank", "ok", ...}`` to ``<out>/rank<r>.jsonl``; the test reads them back.
+The checks, in order (every rank runs the same sequence, SPMD):
 
 - ``groups_<cfg>``: all_reduce(rank + 1) over every real group of every mesh gives the sum over its
   ranks, and the ranks are the ones torch's own layout rules give; fake groups are fake.
