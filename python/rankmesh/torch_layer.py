@@ -15,16 +15,23 @@ scales (see docs/design.md, "Process groups"):
   that uses it, created in the same order on every rank (torch's hashed group names count the
   groups created before, so members only agree on a name if they agree on the order).
 
-Example, on every rank of an 8-rank gloo job (after ``dist.init_process_group("gloo")``)::
+Example, as on every rank of an 8-rank gloo job (after ``dist.init_process_group("gloo")``);
+here one process plays rank 5 of the job on torch's ``fake`` backend, which needs no peers::
 
+    >>> import torch.distributed as dist
+    >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+    >>> dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
     >>> world = MeshLayout.world(8)
     >>> mesh = world.unflatten("world", (2, 2, 2), ("dp_replicate", "dp_shard", "tp"))
-    >>> builder = MeshBuilder(world, device_type="cpu")  # doctest: +SKIP
-    >>> dm = builder.device_mesh(mesh)  # doctest: +SKIP
-    >>> dm["dp_replicate", "dp_shard"].shape  # doctest: +SKIP
+    >>> builder = MeshBuilder(world, device_type="cpu")
+    >>> dm = builder.device_mesh(mesh)
+    >>> dm["dp_replicate", "dp_shard"].shape
     (2, 2)
-    >>> builder.report().created  # one group per dim, none shared here  # doctest: +SKIP
+    >>> dist.get_process_group_ranks(dm.get_group("tp"))  # rank 5's tp group
+    [4, 5]
+    >>> builder.report().created  # one group per dim, none shared here
     3
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
