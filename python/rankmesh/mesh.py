@@ -583,13 +583,39 @@ def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
             field="mesh_dim_names",
             value=names,
         )
-    fix = sorted(names, key=lambda n: own.index(n) if n in own else len(own))
+    fix = _working_order(mesh, names)
+    hint = (
+        f"slice them in this order: {fix} (the mesh order is {own})"
+        if fix is not None
+        else f"no order of these names works: their dims interleave or overlap in the mesh {own}; "
+        "slice them separately"
+    )
     return SliceOrderError(
-        f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be in ascending order: "
-        f"slice them in mesh order, e.g. {tuple(fix)} (the mesh order is {own})",
+        f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be in ascending order: {hint}",
         field="mesh_dim_names",
         value=names,
     )
+
+
+def _strides(x: Any) -> list[int]:
+    return [v for s in x for v in _strides(s)] if isinstance(x, tuple) else [x]
+
+
+def _working_order(mesh: FastDeviceMesh, names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """An order of ``names`` that torch's slice check accepts, or None when there is none.
+
+    torch concatenates the names' layouts, collapses them and requires strictly descending
+    strides with no overlap, so the only candidate is the names sorted by their largest stride;
+    it is checked with torch's own ``check_sorted``/``check_orthogonal``."""
+    own = tuple(mesh._mesh_dim_names or ())
+    root = mesh._get_root_mesh()
+    flat = {k: m._layout[0] for k, m in root._flatten_mapping.items()} if mesh is root else {}
+    layout_of = {n: mesh._layout[own.index(n)] if n in own else flat[n] for n in names}
+    if len(set(names)) != len(names):
+        return None
+    order = tuple(sorted(names, key=lambda n: -max(_strides(layout_of[n].stride))))
+    collapsed = _MeshLayout([layout_of[n] for n in order]).collapse()
+    return order if collapsed.check_sorted() and collapsed.check_orthogonal() else None
 
 
 def init_device_mesh(
