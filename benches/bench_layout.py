@@ -121,14 +121,38 @@ def bench_world(world: int, repeats: int) -> list[dict]:
             }
         )
 
-    row("own groups + 1-D meshes of one rank, all 5 dims", median_us(ours_queries, repeats), median_us(torch_queries, slow))
+    row(
+        "own groups + 1-D meshes of one rank, all 5 dims",
+        median_us(ours_queries, repeats),
+        median_us(torch_queries, slow),
+    )
     row("groups() of all 5 dims", median_us(ours_groups, slow), median_us(torch_groups, slow))
     per_dim = [median_us(sub.groups, slow) for sub in dims_ours]
-    row("groups() of one dim (slowest dim)", max(per_dim), median_us(torch_groups, slow) / len(NAMES), "torch: mean of one dim")
+    row(
+        "groups() of one dim (slowest dim)",
+        max(per_dim),
+        median_us(torch_groups, slow) / len(NAMES),
+        "torch: mean of one dim",
+    )
     cold = median_us(ours_fp_cold, slow) - median_us(ours_world_only, slow)
-    row("fingerprint(), cold (hashes the rank map)", max(cold, 0.01), median_us(torch_fp, slow), "torch: _stable_hash recipe")
-    row("fingerprint(), warm", median_us(ours.fingerprint, repeats), median_us(torch_fp, slow), "torch: _stable_hash recipe")
-    row("rank-map validation (permutation + inverse)", median_us(ours_validate, slow), median_us(torch_validate, slow), "torch: sort == arange")
+    row(
+        "fingerprint(), cold (hashes the rank map)",
+        max(cold, 0.01),
+        median_us(torch_fp, slow),
+        "torch: _stable_hash recipe",
+    )
+    row(
+        "fingerprint(), warm",
+        median_us(ours.fingerprint, repeats),
+        median_us(torch_fp, slow),
+        "torch: _stable_hash recipe",
+    )
+    row(
+        "rank-map validation (permutation + inverse)",
+        median_us(ours_validate, slow),
+        median_us(torch_validate, slow),
+        "torch: sort == arange",
+    )
     return rows
 
 

@@ -298,11 +298,16 @@ def _fmt_s(s: float) -> str:
 
 def summarize(samples: list[dict]) -> list[dict]:
     rows = []
-    keys = sorted({(s["recipe"], s["path"], s["world"]) for s in samples}, key=lambda k: (RECIPES.index(k[0]), PATHS.index(k[1]), k[2]))
+    keys = sorted(
+        {(s["recipe"], s["path"], s["world"]) for s in samples},
+        key=lambda k: (RECIPES.index(k[0]), PATHS.index(k[1]), k[2]),
+    )
     for recipe, path, world in keys:
         row: dict = {"recipe": recipe, "path": path, "world": world}
         for impl in IMPLS:
-            mine = [s for s in samples if (s["recipe"], s["path"], s["world"], s["impl"]) == (recipe, path, world, impl)]
+            mine = [
+                s for s in samples if (s["recipe"], s["path"], s["world"], s["impl"]) == (recipe, path, world, impl)
+            ]
             if mine:
                 row[impl] = {
                     "median_s": statistics.median(s["total_s"] for s in mine),
@@ -328,7 +333,8 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
             lines += [
                 f"**{recipe}, {path} path** ({n} meshes per build)",
                 "",
-                "| world size | stock torch | rankmesh | speed-up | extra RSS torch | extra RSS rankmesh | PGs/rank torch | PGs/rank rankmesh |",
+                "| world size | stock torch | rankmesh | speed-up | extra RSS torch | extra RSS rankmesh "
+                "| PGs/rank torch | PGs/rank rankmesh |",
                 "|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for r in mine:
@@ -337,7 +343,8 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
                 speed = f"{r['speedup']:,.0f}×" if "speedup" in r else "–"
                 lines.append(
                     f"| {r['world']:,} | {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
-                    f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} | {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
+                    f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} "
+                    f"| {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
                     f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} |"
                 )
             lines.append("")
@@ -370,7 +377,12 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                 if not pts:
                     continue
                 label = f"{'stock torch' if impl == 'torch' else 'rankmesh'}: {recipe}, {p}"
-                kw = dict(marker=styles[recipe], color=colors[(impl, p)], label=label, ls={"titan030": "-", "torchtitan": ":", "megatron": "-."}.get(recipe, "--"))
+                kw = dict(
+                    marker=styles[recipe],
+                    color=colors[(impl, p)],
+                    label=label,
+                    ls={"titan030": "-", "torchtitan": ":", "megatron": "-."}.get(recipe, "--"),
+                )
                 ax.plot([w for w, _ in pts], [v["median_s"] * 1e3 for _, v in pts], **kw)
                 ax2.plot([w for w, _ in pts], [v["extra_rss_mb"] for _, v in pts], **kw)
     for a in (ax, ax2):
@@ -389,15 +401,26 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rankmesh bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worlds", default=DEFAULT_WORLDS, help=f"log2 world sizes, comma-separated (default {DEFAULT_WORLDS})")
+    p = argparse.ArgumentParser(
+        prog="rankmesh bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--worlds", default=DEFAULT_WORLDS, help=f"log2 world sizes, comma-separated (default {DEFAULT_WORLDS})"
+    )
     p.add_argument("--repeats", type=int, default=5, help="measurements per point for rankmesh (default 5)")
-    p.add_argument("--torch-repeats", type=int, default=3, help="stock torch measurements per point below 2^17 (default 3; 1 above)")
+    p.add_argument(
+        "--torch-repeats",
+        type=int,
+        default=3,
+        help="stock torch measurements per point below 2^17 (default 3; 1 above)",
+    )
     p.add_argument("--impl", choices=IMPLS, action="append", help="only these implementations")
     p.add_argument("--recipe", choices=RECIPES, action="append", help="only these recipes")
     p.add_argument("--path", choices=PATHS, action="append", help="only these process-group paths")
     p.add_argument("--rank", type=int, default=0, help="rank to stand in for (default: 0)")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benches/results when run from the repo)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="results folder (default: benches/results when run from the repo)"
+    )
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--split-call", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
@@ -435,9 +458,26 @@ def main(argv: list[str] | None = None) -> int:
                 for impl in impls:
                     n = args.repeats if impl != "torch" else (args.torch_repeats if world < 2**17 else 1)
                     for _ in range(n):
-                        s = _run_worker(["--worker", impl, "--recipe", recipe, "--path", path, "--world", str(world), "--rank", str(args.rank)])
+                        s = _run_worker(
+                            [
+                                "--worker",
+                                impl,
+                                "--recipe",
+                                recipe,
+                                "--path",
+                                path,
+                                "--world",
+                                str(world),
+                                "--rank",
+                                str(args.rank),
+                            ]
+                        )
                         samples.append(s)
-                        print(f"  {recipe:13s} {path:11s} {impl:8s} W={world:>9,}  {_fmt_s(s['total_s']):>10}  +{s['extra_rss_mb']:.1f} MB  {s['process_groups']} PGs", file=sys.stderr)
+                        print(
+                            f"  {recipe:13s} {path:11s} {impl:8s} W={world:>9,}  {_fmt_s(s['total_s']):>10}  "
+                            f"+{s['extra_rss_mb']:.1f} MB  {s['process_groups']} PGs",
+                            file=sys.stderr,
+                        )
     split_calls = []
     if "split_group" in paths:
         split_calls = [_run_worker(["--split-call", "--world", str(w)]) for w in worlds]
@@ -457,14 +497,23 @@ def main(argv: list[str] | None = None) -> int:
     if previous.is_file():
         old = json.loads(previous.read_text())
         if old.get("meta", {}).get("config") == CONFIG:
-            samples = [s for s in old.get("samples", []) if (s["recipe"], s["path"], s["world"], s["impl"]) not in measured] + samples
+            samples = [
+                s for s in old.get("samples", []) if (s["recipe"], s["path"], s["world"], s["impl"]) not in measured
+            ] + samples
             done = {c["world"] for c in split_calls}
-            split_calls = sorted([c for c in old.get("split_calls", []) if c["world"] not in done] + split_calls, key=lambda c: c["world"])
+            split_calls = sorted(
+                [c for c in old.get("split_calls", []) if c["world"] not in done] + split_calls,
+                key=lambda c: c["world"],
+            )
     rows = summarize(samples)
     table = to_markdown(rows, split_calls)
     print(table)
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "split_calls": split_calls, "samples": samples}, indent=1))
-    (out / f"{stem}.md").write_text(f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n")
+    (out / f"{stem}.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "split_calls": split_calls, "samples": samples}, indent=1)
+    )
+    (out / f"{stem}.md").write_text(
+        f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n"
+    )
     if set(IMPLS) <= set(impls):
         plot(rows, out / f"{stem}.png", f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, 2-core CPU")
     print(f"results written to {out}", file=sys.stderr)
