@@ -10,6 +10,10 @@ backend, a group on the default backend and one overridden to ``"fake"`` are ind
 (``dist.get_backend``, ``_get_backend_name`` and the group description are equal), so tests that
 check which dims are fake run their worlds on ``meshfake``: groups on the default backend report
 ``"meshfake"`` and overridden ones ``"fake"``.
+
+``meshfakesplit``: the same group registered for ``cpu`` and ``cuda``, for the ``split_group``
+path on CPU: a default group bound to ``cuda`` (as ``device_id=`` binds NCCL's) needs a backend
+for ``cuda``; torch 2.15's fake group can split, 2.13's cannot.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pytest
 
 FAKE = "fake"
 MESHFAKE = "meshfake"
+SPLITFAKE = "meshfakesplit"
 
 
 def _create_meshfake_pg(common_opts, backend_opts):
@@ -52,5 +57,8 @@ def pytest_configure(config) -> None:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is a test dependency
         return
-    if dist.is_available() and MESHFAKE not in dist.Backend.backend_list:
-        dist.Backend.register_backend(MESHFAKE, _create_meshfake_pg, extended_api=True, devices=["cpu"])
+    if not dist.is_available():  # pragma: no cover
+        return
+    for name, devices in ((MESHFAKE, ["cpu"]), (SPLITFAKE, ["cpu", "cuda"])):
+        if name not in dist.Backend.backend_list:
+            dist.Backend.register_backend(name, _create_meshfake_pg, extended_api=True, devices=devices)

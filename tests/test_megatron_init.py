@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from tests.conftest import MESHFAKE, _create_meshfake_pg, fake_world
+from tests.conftest import MESHFAKE, SPLITFAKE, _create_meshfake_pg, fake_world
 from tests.mp import megatron_snapshot as snap
 
 with warnings.catch_warnings():
@@ -48,8 +48,6 @@ from rankmesh.errors import (  # noqa: E402
 from rankmesh.megatron import model_parallel_layout  # noqa: E402
 
 FAKEGLOO = "fakegloo"
-# For the split_group path: a default group bound to "cuda" must have a backend for cuda.
-SPLITFAKE = "meshfakesplit"
 
 
 @pytest.fixture(autouse=True)
