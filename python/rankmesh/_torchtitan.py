@@ -22,7 +22,24 @@ from __future__ import annotations
 
 from rankmesh._check import as_int
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ParallelDimsError
+from rankmesh.errors import ParallelDimsError, SizeMismatchError
+
+
+class ParallelDimsSizeMismatchError(SizeMismatchError, ParallelDimsError):
+    """torchtitan's parallelism degrees do not fit ``world_size``.
+
+    The decision, for every convention: degrees that do not fit the world raise
+    :class:`~rankmesh.SizeMismatchError`, the layout core's class for "sizes do not multiply to
+    what they must", with ``field`` naming the world-size argument (``"world_size"``) and
+    ``value`` the world size itself (for ``dp_shard=-1`` that leaves no rank: ``"dp_shard"``,
+    ``-1``). Megatron's :func:`~rankmesh.model_parallel_layout` and the single mesh raise
+    SizeMismatchError itself, already the ``RuntimeError`` megatron-core raises. torchtitan's
+    ``ParallelDims`` asserts instead, so :class:`~rankmesh.ParallelDims` raises this subclass,
+    which is also a :class:`~rankmesh.errors.ParallelDimsError` and so an ``AssertionError``
+    (and, like every rankmesh error, a ``ValueError``). Catch ``SizeMismatchError`` for any
+    convention; code written against torchtitan keeps catching ``AssertionError``.
+    """
+
 
 #: torchtitan's global meshes, slowest dim first.
 GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
@@ -40,7 +57,10 @@ def resolve_degrees(
     """ParallelDims' constructor checks (torchtitan's asserts): every degree >= 1 except
     ``dp_shard``, which may be -1 (every rank the others leave); the degrees multiply to the
     world; etp = tp or 1 when ep > 1. Returns the seven degrees with ``dp_shard`` resolved.
-    Raises :class:`~rankmesh.errors.ParallelDimsError` (integers by :mod:`rankmesh._check`)."""
+    Raises :class:`~rankmesh.errors.ParallelDimsError` (an ``AssertionError``, as torchtitan),
+    :class:`ParallelDimsSizeMismatchError` (also a ``SizeMismatchError``) for degrees that do not
+    fit the world, and :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``) for a degree that
+    is not an int (:mod:`rankmesh._check`'s rule)."""
     deg = {
         "dp_replicate": as_int(dp_replicate, "dp_replicate"),
         "dp_shard": as_int(dp_shard, "dp_shard"),
@@ -71,15 +91,16 @@ def resolve_degrees(
     if dp_shard < 0:
         deg["dp_shard"] = dp_shard = world_size // (dp_replicate * cp * tp * pp)
         if dp_shard < 1:
-            raise ParallelDimsError(
+            raise ParallelDimsSizeMismatchError(
                 f"dp_shard = -1 leaves no rank for FSDP: world_size = {world_size} is "
-                f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}",
+                f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}; lower "
+                "those degrees so that their product divides the world size",
                 field="dp_shard",
                 value=-1,
             )
     product = dp_replicate * dp_shard * cp * tp * pp
     if product != world_size:
-        raise ParallelDimsError(
+        raise ParallelDimsSizeMismatchError(
             f"Invalid parallel dims: dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * "
             f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({world_size}); the degrees "
             f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",

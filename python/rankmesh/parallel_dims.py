@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import operator
 import struct
 import time
 from dataclasses import dataclass, field
@@ -49,8 +48,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh import _torchtitan as _tt
+from rankmesh._check import as_int
 from rankmesh._native import MeshLayout
-from rankmesh.errors import DistributedStateError, ParallelDimsError, RankmeshError, UnknownNameError
+from rankmesh.errors import DistributedStateError, MeshArgumentError, ParallelConfigError, UnknownNameError
 from rankmesh.mesh import init_device_mesh
 from rankmesh.torch_layer import BuildReport, require_default_group
 from rankmesh.torch_layer import check_consistency as _check_consistency
@@ -76,7 +76,11 @@ class ParallelDims:
 
     ``dp_shard=-1`` takes what the other degrees leave of ``world_size``. Invalid degrees raise
     :class:`~rankmesh.errors.ParallelDimsError`, which is also an ``AssertionError`` (what
-    torchtitan raises) and a ``ValueError``.
+    torchtitan raises) and a ``ValueError``; degrees that do not multiply to ``world_size`` raise
+    its subclass :class:`~rankmesh._torchtitan.ParallelDimsSizeMismatchError`, also a
+    :class:`~rankmesh.SizeMismatchError` (rankmesh's one class for that fault in every
+    convention). A degree that is not an int (bool, float, str) raises
+    :class:`~rankmesh.ArgumentTypeError`, a ``TypeError``.
     """
 
     dp_replicate: int
@@ -99,80 +103,21 @@ class ParallelDims:
     # -- validation --------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        names = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp", "world_size")
-        for name in names:
-            v = getattr(self, name)
-            try:
-                setattr(self, name, operator.index(v))
-            except TypeError:
-                raise ParallelDimsError(
-                    f"{name} must be an int, got {v!r} ({type(v).__name__})", field=name, value=v
-                ) from None
-        dp_replicate, dp_shard, cp, tp, pp, ep, etp = (
-            self.dp_replicate,
-            self.dp_shard,
-            self.cp,
-            self.tp,
-            self.pp,
-            self.ep,
-            self.etp,
-        )
-        for name in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
-            d = getattr(self, name)
-            if d < 1:
-                raise ParallelDimsError(
-                    f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; "
-                    "use 1 to disable a parallelism",
-                    field=name,
-                    value=d,
-                )
-        if not (dp_shard == -1 or dp_shard >= 1):
-            raise ParallelDimsError(
-                f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank "
-                "the other degrees leave",
-                field="dp_shard",
-                value=dp_shard,
-            )
-        if dp_shard < 0:
-            self.dp_shard = dp_shard = self.world_size // (dp_replicate * cp * tp * pp)
-            if dp_shard < 1:
-                raise ParallelDimsError(
-                    f"dp_shard = -1 leaves no rank for FSDP: world_size = {self.world_size} is "
-                    f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}",
-                    field="dp_shard",
-                    value="-1",
-                )
-        product = dp_replicate * dp_shard * cp * tp * pp
-        if product != self.world_size:
-            raise ParallelDimsError(
-                f"Invalid parallel dims: dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * "
-                f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({self.world_size}); the degrees "
-                f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",
-                field="world_size",
-                value=self.world_size,
-            )
-        if ep > 1 and etp not in (tp, 1):
-            raise ParallelDimsError(
-                f"Currently we only support ETP=TP or ETP=1: etp = {etp} with tp = {tp} and "
-                f"ep = {ep}; set etp to 1 or to tp",
-                field="etp",
-                value=etp,
-            )
+        # torchtitan's asserts, without torch: rankmesh._torchtitan is their one home (shared
+        # with ``rankmesh plan``); integers by rankmesh._check's rule.
+        deg = _tt.resolve_degrees(
+            dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
+            pp=self.pp, ep=self.ep, etp=self.etp, world_size=self.world_size,
+        )  # fmt: skip
+        for name, value in deg.items():
+            setattr(self, name, value)
+        self.world_size = as_int(self.world_size, "world_size")
 
     def _validate_sparse(self) -> None:
         """A check torchtitan does not make: the MoE mesh must divide. torchtitan's constructor
         accepts such degrees (its own tests build them without meshing), so this runs where they
         are first used, in building the meshes (torchtitan fails there inside torch)."""
-        dp_shard, cp, tp, ep, etp = self.dp_shard, self.cp, self.tp, self.ep, self.etp
-        sparse = dp_shard * cp * tp
-        if sparse % (ep * etp) != 0:
-            raise ParallelDimsError(
-                f"ep * etp = {ep} * {etp} = {ep * etp} must divide dp_shard * cp * tp = "
-                f"{dp_shard} * {cp} * {tp} = {sparse}: the MoE (sparse) mesh splits those ranks "
-                f"into efsdp x ep x etp; choose ep (and etp) so that ep * etp divides {sparse}",
-                field="ep",
-                value=ep,
-            )
+        _tt.check_sparse(dp_shard=self.dp_shard, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
 
     def _mesh_exist(self, name: str, degree: int) -> bool:
         return _tt.mesh_exists(name, degree, self.ep)
@@ -225,7 +170,7 @@ class ParallelDims:
         """
         if self._world_mesh is not None and self._meshes:
             if device_type is not None and device_type != self._world_mesh.device_type:
-                raise RankmeshError(
+                raise MeshArgumentError(
                     f"the meshes were already built for device_type={self._world_mesh.device_type!r}; "
                     f"cannot rebuild them for {device_type!r}. Build once, with the device type you need",
                     field="device_type",
@@ -336,7 +281,7 @@ class ParallelDims:
             if not set(dims).issubset(set(names)):
                 continue
             return global_mesh[tuple(dims)]
-        raise RankmeshError(
+        raise UnknownNameError(
             f"Invalid mesh name combinations {dims}. Names used together must all belong to one "
             f"of the meshes {[tuple(m.mesh_dim_names or ()) for m in self._global_meshes.values()]}",
             field="dims",
@@ -348,7 +293,7 @@ class ParallelDims:
         mesh = self.get_optional_mesh(dims)
         if mesh is None:
             enabled_str = "enabled (size > 1)" if isinstance(dims, str) else "all enabled"
-            raise RankmeshError(
+            raise ParallelConfigError(
                 f"Mesh '{dims}' is not available. Ensure the corresponding parallelism dimension is {enabled_str}.",
                 field="dims",
                 value=dims,
