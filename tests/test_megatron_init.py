@@ -32,6 +32,7 @@ with warnings.catch_warnings():
 import rankmesh.megatron as rm  # noqa: E402
 from rankmesh import _megatron_init  # noqa: E402
 from rankmesh.errors import (  # noqa: E402
+    ArgumentTypeError,
     DistributedStateError,
     DuplicateNameError,
     GroupExistsError,
@@ -224,6 +225,7 @@ def test_destroy_and_reinitialise():
         with pytest.raises(MegatronStateError) as e:  # megatron asserts; so do we, before any group
             rm.initialize_model_parallel(tensor_model_parallel_size=2)
         assert isinstance(e.value, AssertionError) and e.value.field == "_DATA_PARALLEL_GROUP"
+        assert e.value.value is ps._DATA_PARALLEL_GROUP  # the offending value itself: the group that is set
         gloo = ps.get_data_parallel_group_gloo()
         rm.destroy_model_parallel()
         assert not ps.model_parallel_is_initialized() and rm.last_build_report() is None
@@ -284,7 +286,7 @@ def test_errors_are_typed_and_megatrons_class_before_any_group(case):
 def test_other_refusals():
     with pytest.raises(MegatronStateError) as e:  # no default group
         rm.initialize_model_parallel()
-    assert isinstance(e.value, AssertionError)
+    assert isinstance(e.value, AssertionError) and (e.value.field, e.value.value) == ("default_group", None)
     with fake_world(8, 0, MESHFAKE):
         with pytest.raises(MegatronConfigError, match="pipeline group"):  # a rank of another group
             rm.initialize_model_parallel(pipeline_model_parallel_size=2, get_embedding_ranks=lambda r: [r[0] + 1, 99])
@@ -400,11 +402,20 @@ def test_grid_errors_are_typed_and_megatrons_class(monkeypatch):
     with pytest.raises(GroupNotCreatedError) as e:
         grid.get_pg("a")
     assert isinstance(e.value, KeyError)
-    monkeypatch.setenv("WORLD_SIZE", "zero")
-    with pytest.raises(DistributedStateError):
-        rm.HyperCommGrid([2], ["a"])
+    for bad in (2.0, True, "2"):  # rankmesh._check's rule; megatron-core's grid would take them
+        with pytest.raises(ArgumentTypeError) as e:
+            rm.HyperCommGrid([bad, 2], ["a", "b"])
+        assert (e.value.field, e.value.value) == ("shape[0]", bad)
+    assert grid.my_ranks(3, "a") == [2, 3]  # rank first, as MeshLayout.group(rank, dim)
+    with pytest.raises(ArgumentTypeError, match="takes the rank first"):
+        grid.my_ranks("a", 3)
+    for text in ("zero", "0", "-4"):  # environment text, parsed where it is read
+        monkeypatch.setenv("WORLD_SIZE", text)
+        with pytest.raises(DistributedStateError, match="set WORLD_SIZE to the number of ranks") as e:
+            rm.HyperCommGrid([2], ["a"])
+        assert (e.value.field, e.value.value) == ("WORLD_SIZE", text)
     monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(DistributedStateError) as e:  # no WORLD_SIZE, no process group
         rm.HyperCommGrid([2], ["a"])
-    assert isinstance(e.value, RuntimeError)
+    assert isinstance(e.value, RuntimeError) and (e.value.field, e.value.value) == ("WORLD_SIZE", None)
     assert issubclass(GroupExistsError, KeyError) and issubclass(ParallelConfigError, RuntimeError)
