@@ -613,7 +613,7 @@ def _working_order(mesh: FastDeviceMesh, names: tuple[str, ...]) -> tuple[str, .
     layout_of = {n: mesh._layout[own.index(n)] if n in own else flat[n] for n in names}
     if len(set(names)) != len(names):
         return None
-    order = tuple(sorted(names, key=lambda n: -max(_strides(layout_of[n].stride))))
+    order = tuple(sorted(names, key=lambda n: -max(_strides(layout_of[n].stride), default=0)))
     collapsed = _MeshLayout([layout_of[n] for n in order]).collapse()
     return order if collapsed.check_sorted() and collapsed.check_orthogonal() else None
 
