@@ -591,3 +591,16 @@ def test_every_error_class_is_a_rankmesh_error():
     for cls in LAYOUT_ERRORS:  # every class the native module raises
         assert cls.__name__ in errors.__all__
         assert getattr(rankmesh, cls.__name__) is cls
+
+
+def test_an_error_whose_value_cannot_be_pickled_still_pickles_with_its_repr():
+    """e.g. MegatronStateError carries the ProcessGroup already installed; errors cross processes."""
+    from rankmesh.errors import MegatronStateError
+
+    def unpicklable():  # a local function cannot be pickled
+        pass
+
+    e = MegatronStateError("already initialised", field="_TENSOR_MODEL_PARALLEL_GROUP", value=unpicklable)
+    copy = pickle.loads(pickle.dumps(e))
+    assert (type(copy), str(copy), copy.field) == (MegatronStateError, "already initialised", e.field)
+    assert copy.value == repr(unpicklable)

@@ -22,24 +22,7 @@ from __future__ import annotations
 
 from rankmesh._check import as_int
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ParallelDimsError, SizeMismatchError
-
-
-class ParallelDimsSizeMismatchError(SizeMismatchError, ParallelDimsError):
-    """torchtitan's parallelism degrees do not fit ``world_size``.
-
-    The decision, for every convention: degrees that do not fit the world raise
-    :class:`~rankmesh.SizeMismatchError`, the layout core's class for "sizes do not multiply to
-    what they must", with ``field`` naming the world-size argument (``"world_size"``) and
-    ``value`` the world size itself (for ``dp_shard=-1`` that leaves no rank: ``"dp_shard"``,
-    ``-1``). Megatron's :func:`~rankmesh.model_parallel_layout` and the single mesh raise
-    SizeMismatchError itself, already the ``RuntimeError`` megatron-core raises. torchtitan's
-    ``ParallelDims`` asserts instead, so :class:`~rankmesh.ParallelDims` raises this subclass,
-    which is also a :class:`~rankmesh.errors.ParallelDimsError` and so an ``AssertionError``
-    (and, like every rankmesh error, a ``ValueError``). Catch ``SizeMismatchError`` for any
-    convention; code written against torchtitan keeps catching ``AssertionError``.
-    """
-
+from rankmesh.errors import ParallelDimsError, ParallelDimsSizeMismatchError
 
 #: torchtitan's global meshes, slowest dim first.
 GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {

@@ -22,6 +22,7 @@ for unknown names, ``IndexError`` for out-of-range dims and ranks, ``OverflowErr
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "ConsistencyTimeoutError",
     "InvalidTimeoutError",
     "ParallelDimsError",
+    "ParallelDimsSizeMismatchError",
     "MegatronConfigError",
     "MegatronStateError",
     "UnsupportedVersionError",
@@ -80,7 +82,12 @@ class RankmeshError(ValueError):
         return {"field": self.field, "value": self.value}
 
     def __reduce__(self):  # keep field/value through pickling (e.g. across processes)
-        return (_rebuild, (type(self), self.message, self._fields()))
+        fields = self._fields()
+        try:
+            pickle.dumps(fields["value"])
+        except Exception:  # e.g. a ProcessGroup: the copy carries its repr instead
+            fields = {**fields, "value": repr(fields["value"])}
+        return (_rebuild, (type(self), self.message, fields))
 
 
 def _rebuild(cls: type[RankmeshError], message: str, fields: dict[str, Any]) -> RankmeshError:
@@ -171,11 +178,12 @@ class InternalError(RankmeshError):
 
 
 class ParallelConfigError(RankmeshError, RuntimeError):
-    """Parallel degrees or conventions that do not fit together: a world not divisible by the
-    model-parallel product, ep and cp both > 1 in one Megatron ``RankGenerator``, an order string
-    that leaves out a dim of size > 1, expert and dense pipeline groups that differ, cp in the
-    single-mesh convention. Also a :class:`RuntimeError`, which Megatron-core raises in the same
-    situations, so code written against it keeps catching them."""
+    """Parallel degrees or conventions that do not fit together: ep and cp both > 1 in one
+    Megatron ``RankGenerator``, an order string that leaves out a dim of size > 1, expert and
+    dense pipeline groups that differ, cp in the single-mesh convention (degrees that do not
+    multiply to the world are a :class:`SizeMismatchError` in every convention). Also a
+    :class:`RuntimeError`, which Megatron-core raises in the same situations, so code written
+    against it keeps catching them."""
 
 
 class TopologyError(RankmeshError):
@@ -232,6 +240,22 @@ class InvalidTimeoutError(RankmeshError):
 class ParallelDimsError(RankmeshError, AssertionError):
     """Invalid parallelism degrees for :class:`rankmesh.ParallelDims`. Also an
     ``AssertionError`` (and a ``ValueError``), which is what torchtitan's ``ParallelDims`` raises."""
+
+
+class ParallelDimsSizeMismatchError(SizeMismatchError, ParallelDimsError):
+    """torchtitan's parallelism degrees do not fit ``world_size``.
+
+    The decision, for every convention: degrees that do not fit the world raise
+    :class:`~rankmesh.SizeMismatchError`, the layout core's class for "sizes do not multiply to
+    what they must", with ``field`` naming the world-size argument (``"world_size"``) and
+    ``value`` the world size itself (for ``dp_shard=-1`` that leaves no rank: ``"dp_shard"``,
+    ``-1``). Megatron's :func:`~rankmesh.model_parallel_layout` and the single mesh raise
+    SizeMismatchError itself, already the ``RuntimeError`` megatron-core raises. torchtitan's
+    ``ParallelDims`` asserts instead, so :class:`~rankmesh.ParallelDims` raises this subclass,
+    which is also a :class:`~rankmesh.errors.ParallelDimsError` and so an ``AssertionError``
+    (and, like every rankmesh error, a ``ValueError``). Catch ``SizeMismatchError`` for any
+    convention; code written against torchtitan keeps catching ``AssertionError``.
+    """
 
 
 class MegatronConfigError(ParallelConfigError, AssertionError):

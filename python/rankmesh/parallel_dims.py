@@ -77,7 +77,7 @@ class ParallelDims:
     ``dp_shard=-1`` takes what the other degrees leave of ``world_size``. Invalid degrees raise
     :class:`~rankmesh.errors.ParallelDimsError`, which is also an ``AssertionError`` (what
     torchtitan raises) and a ``ValueError``; degrees that do not multiply to ``world_size`` raise
-    its subclass :class:`~rankmesh._torchtitan.ParallelDimsSizeMismatchError`, also a
+    its subclass :class:`~rankmesh.errors.ParallelDimsSizeMismatchError`, also a
     :class:`~rankmesh.SizeMismatchError` (rankmesh's one class for that fault in every
     convention). A degree that is not an int (bool, float, str) raises
     :class:`~rankmesh.ArgumentTypeError`, a ``TypeError``.
