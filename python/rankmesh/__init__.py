@@ -14,8 +14,9 @@ A rank needs only its own groups, and each is a pure function of (layout, rank):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rankmesh._lazy import lazy_getattr
 from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -70,15 +71,7 @@ _LAZY = {
     "check_consistency": "rankmesh.torch_layer",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rankmesh' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rankmesh._check import as_int, positive_int
+from rankmesh._lazy import lazy_getattr
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -84,15 +85,7 @@ _LAZY = {
     "HyperCommGrid": "rankmesh._megatron_grid",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rankmesh.megatron' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 #: The dim names a Megatron ``RankGenerator`` knows, in its own ``name_to_size`` order.
 MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
