@@ -10,7 +10,6 @@ from typing import Any
 from rankmesh._check import as_int, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
-    ArgumentTypeError,
     DistributedStateError,
     DuplicateNameError,
     EmptySliceError,
@@ -21,6 +20,7 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
+from rankmesh.megatron import _rank_arg
 
 __all__ = ["HyperCommGrid"]
 
@@ -197,13 +197,7 @@ class HyperCommGrid:
         """``rank``'s group of ``dims`` (O(group size)), ranks in megatron-core's order; None
         for a rank outside the grid. Arguments in rankmesh's order, rank first, as
         :meth:`MeshLayout.group(rank, dim) <rankmesh.MeshLayout.group>`."""
-        if isinstance(rank, str):
-            raise ArgumentTypeError(
-                f"HyperCommGrid.my_ranks(rank, dims) takes the rank first, got the str {rank!r} as the "
-                f"rank; write my_ranks(rank, {rank!r})",
-                field="rank",
-                value=rank,
-            )
+        _rank_arg(rank, "HyperCommGrid.my_ranks", "dims")
         ordered, _ = self._order_dims(dims)
         local = as_int(rank, "rank") - self.rank_offset
         if not 0 <= local < self.size:
