@@ -29,6 +29,7 @@ Other rules kept here:
   reads 0 as "no timeout") and at most ``timedelta.max``; out of range,
   :class:`~rankmesh.errors.InvalidTimeoutError`;
 * a flag (:func:`as_bool`) is a ``bool`` (or numpy's), never a truthy object;
+* a name, description or tag (:func:`check_str`) is a ``str``;
 * a layout argument (:func:`as_layout`) is a :class:`~rankmesh.MeshLayout`.
 
     >>> from rankmesh._check import as_int, as_timeout, positive_int
@@ -65,7 +66,17 @@ from rankmesh.errors import (
     RankOutOfRangeError,
 )
 
-__all__ = ["as_int", "positive_int", "as_rank", "as_u64", "as_timeout", "as_bool", "as_layout", "type_name"]
+__all__ = [
+    "as_int",
+    "positive_int",
+    "as_rank",
+    "as_u64",
+    "as_timeout",
+    "as_bool",
+    "as_layout",
+    "check_str",
+    "type_name",
+]
 
 _U64_MAX = (1 << 64) - 1
 _MIN_TIMEOUT = datetime.timedelta(milliseconds=1)
@@ -157,6 +168,17 @@ def as_timeout(value: Any, field: str = "timeout") -> datetime.timedelta:
             value=value,
         )
     return td
+
+
+def check_str(value: Any, field: str, *, optional: bool = False) -> None:
+    """``value`` must be a ``str`` (or ``None`` when ``optional``): names, descriptions, tags."""
+    if isinstance(value, str) or (optional and value is None):
+        return
+    raise ArgumentTypeError(
+        f"{field} must be a str{' or None' if optional else ''}, got {type_name(value)} {value!r}",
+        field=field,
+        value=value,
+    )
 
 
 def as_bool(value: Any, field: str) -> bool:

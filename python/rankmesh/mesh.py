@@ -50,7 +50,7 @@ from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
 
 from rankmesh import _torch_compat as compat
-from rankmesh._check import as_bool, as_int, as_layout, positive_int, type_name
+from rankmesh._check import as_bool, as_int, as_layout, check_str, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -200,11 +200,6 @@ def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
             )
         seen.add(n)
     return names
-
-
-def _check_name(value: Any, field: str) -> None:
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{field} must be a str, got {type_name(value)} {value!r}", field=field, value=value)
 
 
 def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
@@ -464,7 +459,7 @@ class FastDeviceMesh(DeviceMesh):
     def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
         # torch's _flatten (inlined by torch.compile, so not overridden) passes its arguments here
         # unchecked: a name that is not a str, an override that is no backend.
-        _check_name(mesh_dim_name, "mesh_dim_name")
+        check_str(mesh_dim_name, "mesh_dim_name")
         backend_override = _backend_config(backend_override, "backend_override")
         root = self._get_root_mesh()
         taken = tuple(root._mesh_dim_names or ())

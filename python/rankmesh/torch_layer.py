@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, as_u64, type_name
-from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, serves_default
+from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, as_u64, check_str, type_name
+from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -162,7 +162,7 @@ class MeshBuilder:
         self, world: MeshLayout, *, device_type: str = "cpu", rank: int | None = None, size_one_fake: bool = True
     ) -> None:
         as_layout(world, "world")
-        _check_str(device_type, "device_type")
+        check_str(device_type, "device_type")
         size_one_fake = as_bool(size_one_fake, "size_one_fake")
         if rank is not None:
             rank = as_int(rank, "rank")
@@ -265,7 +265,7 @@ class MeshBuilder:
             timeout=timeout,
             tag=tag,
         )
-        if key[1:2] == (FAKE,):
+        if is_fake(key):
             backend, pg_options, timeout = FAKE, None, None
         pg = self._existing(key)
         if pg is not _NOT_YET:
@@ -304,7 +304,7 @@ class MeshBuilder:
         of the whole world without overrides or tag is the default group; a one-rank group is a
         real group on its backend (never ``fake``: on the split path every rank must split).
         """
-        _check_str(name, "name")
+        check_str(name, "name")
         try:
             hash(partition)
         except TypeError:
@@ -544,17 +544,6 @@ def require_default_group(what: str) -> None:
         )
 
 
-def _check_str(value: Any, field: str, *, optional: bool = False) -> None:
-    """``value`` must be a ``str`` (or ``None`` when ``optional``)."""
-    if isinstance(value, str) or (optional and value is None):
-        return
-    raise ArgumentTypeError(
-        f"{field} must be a str{' or None' if optional else ''}, got {type_name(value)} {value!r}",
-        field=field,
-        value=value,
-    )
-
-
 def check_backend_name(name: str | None, field: str) -> None:
     """A single backend name (``"gloo"``, ``"nccl"``, ``"fake"``, a registered plugin) must be one
     torch.distributed knows, or group creation fails later with torch's bare ``AssertionError``.
@@ -580,10 +569,10 @@ def _check_group_args(
 ) -> tuple[str | None, datetime.timedelta | None]:
     """The optional arguments of a process group: ``backend``, ``group_desc`` and ``tag`` are
     str or None; ``timeout`` None, seconds or a timedelta (returned as a timedelta)."""
-    _check_str(backend, "backend", optional=True)
+    check_str(backend, "backend", optional=True)
     check_backend_name(backend, "backend")
-    _check_str(group_desc, "group_desc", optional=True)
-    _check_str(tag, "tag", optional=True)
+    check_str(group_desc, "group_desc", optional=True)
+    check_str(tag, "tag", optional=True)
     return backend, None if timeout is None else as_timeout(timeout, "timeout")
 
 
