@@ -136,6 +136,26 @@ where
     }
 }
 
+/// CPython's tuple hash (Objects/tupleobject.c, 3.8+, 64-bit) of a tuple of `len` ints whose
+/// values are `items`; each item is an int in [0, 2^31), whose hash is its value.
+fn cpython_tuple_hash(len: u64, items: impl Iterator<Item = i64>) -> i64 {
+    const P1: u64 = 11400714785074694791;
+    const P2: u64 = 14029467366897019727;
+    const P5: u64 = 2870177450012600261;
+    let mut acc: u64 = P5;
+    for item in items {
+        let lane = item as u64;
+        acc = acc.wrapping_add(lane.wrapping_mul(P2));
+        acc = acc.rotate_left(31);
+        acc = acc.wrapping_mul(P1);
+    }
+    acc = acc.wrapping_add(len ^ (P5 ^ 3527539));
+    if acc == u64::MAX {
+        return 1546275796;
+    }
+    acc as i64
+}
+
 /// `type value` for messages, e.g. `float 2.0` (the repr cut short if very long).
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     let ty = obj
@@ -566,6 +586,23 @@ impl PyMeshLayout {
             .world_arc()
             .rank_map()
             .map(|m| PyArray1::from_slice(py, m))
+    }
+
+    /// `hash(tuple(rank_map))` as CPython computes it (torch's `DeviceMesh.__hash__` hashes the
+    /// W-long `_flatten_rank_map` tuple), without building the tuple: O(W) integer work with the
+    /// GIL released, nothing world-sized allocated for the identity map. CPython >= 3.8 hashes a
+    /// tuple with an xxHash-style loop over its items' hashes, and a small non-negative int
+    /// hashes to itself; rankmesh's start-up self-check compares this with `hash(tuple(...))`
+    /// and falls back to Python's own hash if the two ever differ.
+    fn rank_map_tuple_hash(&self, py: Python<'_>) -> PyResult<i64> {
+        let world = self.inner.world_arc().clone();
+        guarded(py, move || {
+            let n = world.size();
+            Ok(match world.rank_map() {
+                None => cpython_tuple_hash(n, (0..n).map(|i| i as i64)),
+                Some(m) => cpython_tuple_hash(n, m.iter().map(|&r| r as i64)),
+            })
+        })
     }
 
     /// The local mesh a DeviceMesh of this layout holds on `rank`: int32 array of `shape`.

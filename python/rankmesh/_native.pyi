@@ -142,6 +142,14 @@ class MeshLayout:
     def rank_map(self) -> npt.NDArray[np.int32] | None:
         """The rank map as a new int32 array, or ``None`` for the identity."""
 
+    def rank_map_tuple_hash(self) -> int:
+        """``hash(tuple(rank_map))`` for the world's rank map (identity included), computed
+        without building the tuple (torch's ``DeviceMesh.__hash__`` hashes that W-long tuple).
+
+        >>> MeshLayout.world(4).rank_map_tuple_hash() == hash((0, 1, 2, 3))
+        True
+        """
+
     def mesh_of(self, rank: _Int) -> npt.NDArray[np.int32]:
         """The local mesh a DeviceMesh of this layout holds on ``rank`` (``DeviceMesh.mesh``):
         int32 array of :attr:`shape`. O(mesh size).

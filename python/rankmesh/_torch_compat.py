@@ -19,6 +19,15 @@ The differences, one line each:
 - 2.15: ``DeviceMesh`` derives from ``torch._custom_class_base.CustomClassBase`` and is registered
   with ``register_custom_class(typ="symbolic")``; the opaque-type registry walks the MRO, so a
   subclass is compiled exactly like ``DeviceMesh`` on every supported version.
+
+The one patch of torch's class (:func:`install_concatenate`): ``DeviceMesh._concatenate`` is a
+static method that FSDP2 calls on ``DeviceMesh`` itself (``fully_shard`` joins its dp mesh with
+the parameters' TP/EP mesh), so no subclass can override it. On 2.13-2.15 it builds a plain
+``DeviceMesh`` over the world's rank map (``tolist()`` of W ranks, then torch's W-long ``__eq__``
+wherever DTensor compares it). The patch hands the call to rankmesh only when every input is a
+rankmesh mesh of one world, and calls torch's own function otherwise; it is installed once, by
+the first fast mesh of a process, and only on a torch whose ``_concatenate`` the self-check
+recognises.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ __all__ = [
     "HAS_PRESERVE_RANK_ORDER",
     "eq_fields",
     "fast_meshes_available",
+    "install_concatenate",
+    "native_tuple_hash_ok",
 ]
 
 #: torch (major, minor) versions the fast meshes are tested on.
@@ -81,6 +92,75 @@ _REQUIRED_FIELDS = ("_rank_map", "_layout", "_mesh_dim_names", "_root_mesh", "_f
 
 _state: dict[str, object] = {}
 
+# torch's own ``DeviceMesh._concatenate`` (a staticmethod; 2.13-2.15 take one argument, the list).
+_TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
+
+
+def _concatenate_known() -> str | None:
+    """Why ``DeviceMesh._concatenate`` is not the function rankmesh was written against, or None."""
+    import inspect
+
+    fn = _TORCH_CONCATENATE
+    if not isinstance(fn, staticmethod):
+        return "DeviceMesh._concatenate is not a staticmethod"
+    try:
+        params = list(inspect.signature(fn.__func__).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - a builtin or an odd callable
+        return "DeviceMesh._concatenate has no Python signature"
+    if params != ["device_mesh_list"]:
+        return f"DeviceMesh._concatenate takes {params}, not ['device_mesh_list']"
+    # What torch's body reads from each mesh and passes on: if one is gone, so is our reading.
+    names = set(fn.__func__.__code__.co_names)
+    missing = {"_layout", "_flatten_rank_map", "_dim_group_names", "_get_root_mesh", "_rank_map"} - names
+    if missing:
+        return f"DeviceMesh._concatenate no longer reads {sorted(missing)}"
+    return None
+
+
+def install_concatenate(fast) -> bool:
+    """Route ``DeviceMesh._concatenate`` through ``fast`` (rankmesh's, from :mod:`rankmesh.mesh`).
+
+    ``fast(meshes)`` returns a mesh, or None to let torch's own function run. Installed at most
+    once per process (idempotent: later calls return at once), only when
+    :func:`fast_meshes_available` holds; returns whether the patch is in place. The patched
+    function keeps torch's as ``__wrapped__`` (what the tests compare with).
+    """
+    done = _state.get("concatenate")
+    if done is not None:
+        return bool(done)
+    if not fast_meshes_available():
+        _state["concatenate"] = False
+        return False
+    torch_concatenate = _TORCH_CONCATENATE.__func__  # checked by _self_check
+
+    def _concatenate(device_mesh_list):
+        mesh = fast(device_mesh_list)
+        return torch_concatenate(device_mesh_list) if mesh is None else mesh
+
+    _concatenate.__wrapped__ = torch_concatenate  # type: ignore[attr-defined]
+    _concatenate.__doc__ = torch_concatenate.__doc__
+    _concatenate.__qualname__ = "DeviceMesh._concatenate"
+    _concatenate.__module__ = __name__
+    DeviceMesh._concatenate = staticmethod(_concatenate)
+    _state["concatenate"] = True
+    return True
+
+
+def native_tuple_hash_ok() -> bool:
+    """Whether ``MeshLayout.rank_map_tuple_hash`` equals this interpreter's ``hash(tuple(...))``
+    (checked once, on an identity and a permuted world); if not, rankmesh hashes the W-long tuple
+    in Python as torch does (same value, O(W) memory once per world)."""
+    if "tuple_hash" not in _state:
+        from rankmesh._native import MeshLayout
+
+        perm = [3, 0, 4, 1, 2, 6, 5]
+        _state["tuple_hash"] = (
+            MeshLayout.world(7).rank_map_tuple_hash() == hash(tuple(range(7)))
+            and MeshLayout.world(7, perm).rank_map_tuple_hash() == hash(tuple(perm))
+            and MeshLayout.world(1).rank_map_tuple_hash() == hash((0,))
+        )
+    return bool(_state["tuple_hash"])
+
 
 def _self_check() -> str | None:
     """Why the fast meshes cannot be used on this torch, or None when they can."""
@@ -94,6 +174,9 @@ def _self_check() -> str | None:
     missing += [f for f in _REQUIRED_FIELDS if f not in annotations]
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
+    concatenate = _concatenate_known()
+    if concatenate is not None:
+        return f"torch {torch.__version__}: {concatenate}"
     try:
         from torch.distributed._mesh_layout import _MeshLayout
 

@@ -85,6 +85,13 @@ class _HashOf:
         return self.h
 
 
+#: How many world-sized objects (the rank-map tensor, the W-long ``_flatten_rank_map`` tuple, or a
+#: Python-side hash of it) rankmesh's meshes have built in this process, by kind. Each world makes
+#: each at most once, and only when torch asks (``_concatenate`` of a torch mesh, compile guards);
+#: the tests assert that a whole parallelisation at 2^20 ranks adds nothing here.
+RANK_MAP_MATERIALISATIONS: dict[str, int] = {"rank_map": 0, "flatten_rank_map": 0, "python_hash": 0}
+
+
 class _World:
     """What every mesh derived from one :func:`init_device_mesh` call shares: the Rust world
     layout, this rank, the process-group builder, and the lazily made world-sized objects."""
@@ -97,10 +104,14 @@ class _World:
         self._flat: tuple[int, ...] | None = None
         self._flat_hash: int | None = None
         self._lock = threading.Lock()
+        # Every fast mesh has a world, so this is where torch's class learns to derive fast
+        # meshes from fast meshes (idempotent; a no-op once installed).
+        compat.install_concatenate(_concatenate)
 
     def rank_map(self) -> torch.Tensor:
         """The world's rank map as torch holds it (int32, 1-D, contiguous); made once."""
         if self._rank_map is None:
+            RANK_MAP_MATERIALISATIONS["rank_map"] += 1
             rm = self.layout.rank_map()
             with torch.device("cpu"):
                 t = torch.arange(self.layout.world_size, dtype=torch.int) if rm is None else torch.from_numpy(rm)
@@ -111,14 +122,21 @@ class _World:
         """torch's ``_flatten_rank_map``: the rank map as a W-long tuple; made once."""
         with self._lock:
             if self._flat is None:
+                RANK_MAP_MATERIALISATIONS["flatten_rank_map"] += 1
                 self._flat = tuple(self.rank_map().tolist())
             return self._flat
 
     def flat_hash(self) -> int:
-        """``hash(_flatten_rank_map)``, without keeping the tuple alive if nobody else asked."""
+        """``hash(_flatten_rank_map)``: computed by the native module without building the tuple
+        (O(W) integer work, nothing world-sized), or by Python when the start-up check found the
+        native hash differs from this interpreter's."""
         with self._lock:
             if self._flat_hash is None:
-                self._flat_hash = hash(self._flat if self._flat is not None else tuple(self.rank_map().tolist()))
+                if compat.native_tuple_hash_ok():
+                    self._flat_hash = self.layout.rank_map_tuple_hash()
+                else:  # pragma: no cover - an interpreter whose tuple hash we do not know
+                    RANK_MAP_MATERIALISATIONS["python_hash"] += 1
+                    self._flat_hash = hash(self._flat if self._flat is not None else tuple(self.rank_map().tolist()))
             return self._flat_hash
 
     def same(self, other: _World) -> bool:
@@ -564,6 +582,48 @@ class FastDeviceMesh(DeviceMesh):
     def build_report(self) -> BuildReport:
         """The process groups this rank created for this mesh's world, by backend."""
         return self._builder().report()
+
+
+def _concatenate(meshes: Sequence[DeviceMesh]) -> FastDeviceMesh | None:
+    """rankmesh's ``DeviceMesh._concatenate``: the mesh over the dims of ``meshes`` side by side
+    (FSDP2 joins its dp mesh and the parameters' TP/EP mesh this way), as a :class:`FastDeviceMesh`
+    in O(ndim); or None, and torch's own function runs, unless every input is a fast mesh of one
+    world with names and the dims do not overlap (torch then raises its own errors).
+
+    Equal to torch's result: the layouts side by side, names and process-group names
+    concatenated, the first mesh's device type and root. Torch's own builds a plain
+    ``DeviceMesh`` over the world's rank map (``tolist()`` of W ranks) every call.
+
+    Example (rank 5 of 8): FSDP2's ``_concatenate([dp_mesh, tp_mesh])``::
+
+        >>> import torch.distributed as dist
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> m = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+        >>> joined = DeviceMesh._concatenate([m["dp"], m["tp"]])
+        >>> type(joined).__name__, joined.mesh_dim_names, joined.mesh.tolist()
+        ('FastDeviceMesh', ('dp', 'tp'), [[4, 5], [6, 7]])
+        >>> joined == DeviceMesh._concatenate.__wrapped__([m["dp"], m["tp"]])   # torch's own
+        True
+        >>> dist.destroy_process_group()
+    """
+    if not meshes or any(type(m) is not FastDeviceMesh for m in meshes):
+        return None
+    first = meshes[0]
+    world = first._rm_world
+    if any(not world.same(m._rm_world) for m in meshes[1:]):
+        return None  # torch compares the rank maps (equal ones are fine) or raises
+    if any(m._mesh_dim_names is None for m in meshes):
+        return None  # torch's not_none raises
+    names = tuple(n for m in meshes for n in m._mesh_dim_names)
+    if len(set(names)) != len(names):
+        return None  # torch builds such a mesh; rankmesh's layouts need unique names
+    layout = _MeshLayout([axis for m in meshes for axis in m._layout])
+    if not layout.collapse().check_orthogonal():
+        return None  # torch raises "Cannot concatenate overlapping meshes"
+    rm = world.layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(names))
+    group_names = [g for m in meshes for g in m._dim_group_names]
+    return FastDeviceMesh._make(world, rm, layout, first._device_type, names, group_names, first._get_root_mesh())
 
 
 def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:

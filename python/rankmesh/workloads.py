@@ -1,0 +1,266 @@
+"""Time to a parallelised model: what a trainer does right after the mesh, as timed recipes.
+
+A user does not stop at the mesh: the next thing every trainer does is tensor-parallelise the
+model and call FSDP2's ``fully_shard`` once per block, then train. Each workload here runs one
+such recipe for one rank of a ``world``-rank job (normally on the ``fake`` backend, one process
+standing in for the rank) in phases, on stock torch (``impl="torch"``) or on rankmesh's meshes
+(``impl="rankmesh"``); the two sides run identical code but for the one function that makes the
+first mesh. They are the benchmark recipes of ``rankmesh bench model`` and the subjects of
+``tests/test_workloads.py`` (no world-sized object built at 2^20 ranks; the same parameters,
+placements and meshes as stock).
+
+Phases (seconds each, in :attr:`Run.phases`): ``mesh`` (the meshes the recipe uses),
+``parallelise`` (tensor parallel, FSDP2, torchtitan's parallelize function) and, where the
+workload trains, ``step`` (forward, backward, optimizer step).
+
+- :func:`fsdp_tp`: a plain FSDP2 + TP script: ``blocks`` blocks of two ``nn.Linear`` on the meta
+  device, ``parallelize_module`` Colwise/Rowwise on ``mesh["tp"]``, then ``fully_shard`` per
+  block and on the root over ``mesh["dp_replicate", "fsdp"]`` (HSDP when dp_replicate > 1).
+- :func:`train_step`: the same on real CPU tensors (a small model) plus one training step.
+- :func:`compile_block`: ``torch.compile`` of a tensor-parallel block (``aot_eager``: no C++
+  toolchain needed); dynamo guards on the mesh.
+- torchtitan 0.3.0's own parallelisation (:mod:`rankmesh._titan_workloads`): Llama3 8B's shape
+  for every ``spmd_backend``, a MoE model with ep > 1, and the pipeline split with pp > 1.
+
+Example (a 64-rank world seen from rank 35, tp 4, fsdp 8, 2 blocks)::
+
+    >>> run = fsdp_tp("rankmesh", 64, rank=35, tp=4, fsdp=8, blocks=2)
+    >>> sorted(run.phases), run.meshes["dp"].mesh.tolist(), run.meshes["tp"].mesh.tolist()
+    (['mesh', 'parallelise'], [[3, 35]], [32, 33, 34, 35])
+    >>> [(n, p) for n, p in param_placements(run.model)][:2]  # doctest: +NORMALIZE_WHITESPACE
+    [('0.0.weight', ('dp', 'tp', '(Replicate(), Shard(dim=0), Shard(dim=0))', (1, 8, 4))),
+     ('0.0.bias', ('dp', 'tp', '(Replicate(), Shard(dim=0), Shard(dim=0))', (1, 8, 4)))]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "WORKLOADS",
+    "Run",
+    "clear_dtensor_caches",
+    "compile_block",
+    "fsdp_tp",
+    "mesh_init",
+    "param_placements",
+    "train_step",
+]
+
+
+@dataclass
+class Run:
+    """What one workload left behind: its phase times, the model and the meshes it used."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    model: Any = None
+    meshes: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+
+
+def mesh_init(impl: str) -> Callable[..., Any]:
+    """The ``init_device_mesh`` of one side: torch's own, or rankmesh's."""
+    if impl == "rankmesh":
+        from rankmesh.mesh import init_device_mesh
+    elif impl == "torch":
+        from torch.distributed.device_mesh import init_device_mesh
+    else:
+        raise ValueError(f"impl must be 'rankmesh' or 'torch', got {impl!r}")
+    return init_device_mesh
+
+
+def clear_dtensor_caches() -> None:
+    """Empty DTensor's sharding-propagation and redistribution caches.
+
+    They are keyed by mesh *equality*, which ignores process groups: a cached output spec from an
+    earlier world (torch's meshes or rankmesh's, equal when the rank maps are) keeps that world's
+    meshes and their group names. torch's own meshes get away with it across
+    ``destroy_process_group`` because a new world re-creates its groups under the same names; the
+    two sides of one comparison do not (rankmesh creates fewer groups). Each workload run starts
+    with cold caches on both sides, as a fresh process would."""
+    from torch.distributed.tensor import _collective_utils, _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    topo = getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)
+    if hasattr(topo, "cache_clear"):
+        topo.cache_clear()
+    for name in ("_gen_transform_infos", "_gen_transform_infos_non_cached"):
+        fn = getattr(_redistribute, name, None)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+    planners = getattr(_redistribute, "_planner_cache", None)
+    if isinstance(planners, dict):
+        planners.clear()
+
+
+@contextlib.contextmanager
+def _fake_world(world: int, rank: int | None) -> Iterator[None]:
+    """A fake-backend world for ``rank`` (when given; None: the caller's world is used), with
+    cold DTensor caches."""
+    clear_dtensor_caches()
+    if rank is None:
+        yield
+        return
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _dp_tp_meshes(run: Run, impl: str, world: int, tp: int, fsdp: int) -> None:
+    """The meshes of an FSDP2 + TP script: a ``("world",)`` mesh unflattened to
+    ``(dp_replicate, fsdp, tp)``, then ``mesh["tp"]`` and ``mesh["dp_replicate", "fsdp"]``."""
+    if world % (tp * fsdp):
+        raise ValueError(f"world {world} is not a multiple of tp * fsdp = {tp * fsdp}")
+    with run.phase("mesh"):
+        root = mesh_init(impl)("cpu", (world,), mesh_dim_names=("world",))
+        mesh = root._unflatten(0, (world // (tp * fsdp), fsdp, tp), ("dp_replicate", "fsdp", "tp"))
+        run.meshes.update(root=root, mesh=mesh, tp=mesh["tp"], dp=mesh["dp_replicate", "fsdp"])
+
+
+def _tp_fsdp(model: Any, tp_mesh: Any, dp_mesh: Any) -> None:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in model:
+        parallelize_module(block, tp_mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    for block in model:
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+
+
+def _blocks(n: int, dim: int, hidden: int) -> Any:
+    import torch.nn as nn
+
+    return nn.Sequential(*[nn.Sequential(nn.Linear(dim, hidden), nn.Linear(hidden, dim)) for _ in range(n)])
+
+
+def fsdp_tp(
+    impl: str,
+    world: int,
+    *,
+    rank: int | None = None,
+    tp: int = 8,
+    fsdp: int = 256,
+    blocks: int = 16,
+    dim: int = 256,
+    hidden: int = 1024,
+) -> Run:
+    """(a) A plain FSDP2 + TP script on the meta device: mesh, then parallelise.
+
+    ``rank``: make a fake world for that rank first (and destroy it after); None: use the
+    caller's default group."""
+    import torch
+
+    run = Run()
+    with _fake_world(world, rank):
+        _dp_tp_meshes(run, impl, world, tp, fsdp)
+        with run.phase("parallelise"):
+            with torch.device("meta"):
+                run.model = _blocks(blocks, dim, hidden)
+            _tp_fsdp(run.model, run.meshes["tp"], run.meshes["dp"])
+        run.extra["placements"] = param_placements(run.model)
+    return run
+
+
+def train_step(
+    impl: str,
+    world: int,
+    *,
+    rank: int | None = None,
+    tp: int = 8,
+    fsdp: int = 256,
+    blocks: int = 4,
+    dim: int = 64,
+    hidden: int = 128,
+    batch: int = 4,
+    seed: int = 0,
+) -> Run:
+    """(e) One training step of a small FSDP2 + TP model with real CPU tensors: mesh,
+    parallelise, then ``step`` (forward, backward, AdamW step). On the fake backend the
+    collectives do nothing (the numbers are not meaningful, the work per rank is); on gloo the
+    loss and gradients are real (``run.extra["loss"]``, ``run.extra["grads"]``)."""
+    import torch
+
+    run = Run()
+    with _fake_world(world, rank):
+        _dp_tp_meshes(run, impl, world, tp, fsdp)
+        with run.phase("parallelise"):
+            torch.manual_seed(seed)
+            run.model = _blocks(blocks, dim, hidden)
+            _tp_fsdp(run.model, run.meshes["tp"], run.meshes["dp"])
+            opt = torch.optim.AdamW(run.model.parameters(), lr=1e-2)
+        with run.phase("step"):
+            gen = torch.Generator().manual_seed(seed + 1)
+            x = torch.randn(batch, dim, generator=gen)
+            loss = run.model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        run.extra["loss"] = float(loss.detach())
+        run.extra["placements"] = param_placements(run.model)
+    return run
+
+
+def compile_block(impl: str, world: int, *, rank: int | None = None, tp: int = 8, fsdp: int = 256) -> Run:
+    """(f) ``torch.compile`` (backend ``aot_eager``) of a tensor-parallel block on real CPU
+    tensors: ``step`` is the first compiled call (tracing, guards on the DTensor's mesh) plus a
+    second call through the guards."""
+    import torch
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    run = Run()
+    with _fake_world(world, rank):
+        _dp_tp_meshes(run, impl, world, tp, fsdp)
+        with run.phase("parallelise"):
+            torch.manual_seed(0)
+            run.model = _blocks(1, 32, 64)[0]
+            parallelize_module(run.model, run.meshes["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        torch._dynamo.reset()
+        with run.phase("step"):
+            compiled = torch.compile(run.model, backend="aot_eager")
+            x = torch.randn(2, 32)
+            compiled(x)
+            compiled(x)
+        run.extra["placements"] = param_placements(run.model)
+    return run
+
+
+def param_placements(model: Any) -> list[tuple[str, tuple[Any, ...]]]:
+    """Each parameter's DTensor layout as plain data, to compare two builds: ``(name, (*mesh dim
+    names, str(placements), global shape))``; ``(name, ("plain", shape))`` for a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            names = tuple(p.device_mesh.mesh_dim_names or ())
+            out.append((name, (*names, str(tuple(p.placements)), tuple(p.shape))))
+        else:
+            out.append((name, ("plain", tuple(p.shape))))
+    return out
+
+
+#: name -> (function, the smallest world it runs at with its default degrees)
+WORKLOADS: dict[str, Callable[..., Run]] = {
+    "fsdp_tp": fsdp_tp,
+    "train_step": train_step,
+    "compile": compile_block,
+}
