@@ -34,6 +34,7 @@ before), the process groups this rank holds.
 Usage::
 
     rankmesh bench                          # worlds 2^10 .. 2^20, both recipes and paths
+    rankmesh bench model                    # time to a parallelised model (rankmesh.bench_model)
     rankmesh bench --worlds 10,17 --repeats 3 --recipe titan030 --path new_group
     python -m rankmesh.bench --worker rankmesh --recipe titan030 --path new_group --world 131072
 """
@@ -401,6 +402,12 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "model":  # time to a parallelised model: rankmesh.bench_model
+        from rankmesh import bench_model
+
+        return bench_model.main(argv[1:])
     p = argparse.ArgumentParser(
         prog="rankmesh bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

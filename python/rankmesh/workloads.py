@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "MIN_WORLD",
     "WORKLOADS",
     "Run",
     "clear_dtensor_caches",
@@ -258,9 +259,11 @@ def param_placements(model: Any) -> list[tuple[str, tuple[Any, ...]]]:
     return out
 
 
-#: name -> (function, the smallest world it runs at with its default degrees)
+#: name -> workload, each ``fn(impl, world, *, rank=None, ...) -> Run``
 WORKLOADS: dict[str, Callable[..., Run]] = {
     "fsdp_tp": fsdp_tp,
     "train_step": train_step,
     "compile": compile_block,
 }
+#: name -> the smallest world it runs at with its default degrees (tp 8 x fsdp 256)
+MIN_WORLD: dict[str, int] = {name: 8 * 256 for name in WORKLOADS}

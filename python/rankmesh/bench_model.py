@@ -1,0 +1,309 @@
+"""Benchmark: time to a parallelised model, stock torch vs rankmesh, side by side in one run.
+
+``rankmesh bench model`` runs each workload of :mod:`rankmesh.workloads` (and, with torchtitan
+0.3.0 installed, :mod:`rankmesh._titan_workloads`) for one rank, ``W/2 + 3``, of worlds 2^12,
+2^17 and 2^20 on the fake backend, once on stock torch's meshes and once on rankmesh's: one
+fresh process per measurement, warmed up by the same workload at the smallest world it runs at
+first (imports, DTensor's sharding rules, dynamo). Reported per point: the median of each phase
+(mesh, parallelise, step), the total, the peak RSS the measured run added (VmHWM reset before
+it), and the process groups it created on this rank.
+
+The targets (issue 16): rankmesh's parallelise phase at 2^20 within 1.25x of its time at 2^12
+(same group shapes), and at most 64 MB more peak extra RSS.
+
+Usage::
+
+    rankmesh bench model                                   # every workload, worlds 12,17,20
+    rankmesh bench model --workload fsdp_tp --worlds 12,20 --repeats 3
+    python -m rankmesh.bench_model --worker rankmesh --workload fsdp_tp --world 1048576
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rankmesh.bench import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb
+
+IMPLS = ("torch", "rankmesh")
+DEFAULT_WORLDS = "12,17,20"
+PHASES = ("mesh", "parallelise", "step")
+
+
+def _workloads() -> dict:
+    from rankmesh import workloads
+
+    out = dict(workloads.WORKLOADS)
+    if importlib.util.find_spec("torchtitan") is not None and importlib.util.find_spec("rankmesh._titan_workloads"):
+        from rankmesh import _titan_workloads
+
+        out.update(_titan_workloads.WORKLOADS)
+    return out
+
+
+def _min_world(name: str) -> int:
+    from rankmesh import workloads
+
+    return workloads.MIN_WORLD.get(name) or _titan_min_world(name)
+
+
+def _titan_min_world(name: str) -> int:
+    from rankmesh import _titan_workloads
+
+    return _titan_workloads.MIN_WORLD[name]
+
+
+def measure(impl: str, name: str, world: int) -> dict:
+    """One measurement in this process, after a warm-up run of the same workload."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+    import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it)
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+    from torch.distributed.distributed_c10d import _world
+
+    fn = _workloads()[name]
+    small = _min_world(name)
+    fn(impl, small, rank=small // 2 + 3)  # warm-up: imports, sharding rules, dynamo
+
+    rank = world // 2 + 3
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    pgs_before = len(_world.pg_map)
+    _reset_peak_rss()
+    rss_before = _rss_mb()
+    t0 = time.perf_counter()
+    run = fn(impl, world)
+    total = time.perf_counter() - t0
+    out = {
+        "impl": impl,
+        "workload": name,
+        "world": world,
+        "rank": rank,
+        "phases": run.phases,
+        "total_s": total,
+        "process_groups": len(_world.pg_map) - pgs_before,
+        "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
+        "torch": torch.__version__,
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def _run_worker(args: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "rankmesh.bench_model", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def summarize(samples: list[dict]) -> list[dict]:
+    """One row per (workload, world, impl): phase medians, total, RSS and PGs."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        groups.setdefault((s["workload"], s["world"], s["impl"]), []).append(s)
+    rows = []
+    for (name, world, impl), ss in sorted(groups.items()):
+        phases = {p: statistics.median(s["phases"].get(p, 0.0) for s in ss) for p in PHASES}
+        rows.append(
+            {
+                "workload": name,
+                "world": world,
+                "impl": impl,
+                "n": len(ss),
+                "phases": phases,
+                "total_s": statistics.median(s["total_s"] for s in ss),
+                "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in ss),
+                "process_groups": ss[0]["process_groups"],
+            }
+        )
+    return rows
+
+
+def _cell(row: dict | None, key: str) -> str:
+    if row is None:
+        return "–"
+    if key in PHASES:
+        return _fmt_s(row["phases"][key]) if key in row["phases"] and row["phases"][key] else "–"
+    return _fmt_s(row[key])
+
+
+def scaling(rows: list[dict]) -> list[dict]:
+    """Per workload: rankmesh's parallelise phase and extra RSS at the largest world vs the smallest."""
+    out = []
+    for name in sorted({r["workload"] for r in rows}):
+        mine = sorted((r for r in rows if r["workload"] == name and r["impl"] == "rankmesh"), key=lambda r: r["world"])
+        if len(mine) < 2:
+            continue
+        lo, hi = mine[0], mine[-1]
+        out.append(
+            {
+                "workload": name,
+                "small": lo["world"],
+                "large": hi["world"],
+                "parallelise_ratio": hi["phases"]["parallelise"] / max(lo["phases"]["parallelise"], 1e-9),
+                "rss_delta_mb": hi["extra_rss_mb"] - lo["extra_rss_mb"],
+            }
+        )
+    return out
+
+
+def to_markdown(rows: list[dict]) -> str:
+    by = {(r["workload"], r["world"], r["impl"]): r for r in rows}
+    lines = []
+    for name in sorted({r["workload"] for r in rows}):
+        lines += [
+            f"**{name}**",
+            "",
+            "| world | phase | stock torch | rankmesh | speed-up |",
+            "|---:|---|---:|---:|---:|",
+        ]
+        for world in sorted({r["world"] for r in rows if r["workload"] == name}):
+            t, m = by.get((name, world, "torch")), by.get((name, world, "rankmesh"))
+            for phase in (*PHASES, "total_s"):
+                if all(r is None or not (r["phases"].get(phase) if phase in PHASES else r[phase]) for r in (t, m)):
+                    continue
+                tv = None if t is None else (t["phases"][phase] if phase in PHASES else t[phase])
+                mv = None if m is None else (m["phases"][phase] if phase in PHASES else m[phase])
+                ratio = f"{tv / mv:,.1f}×" if tv and mv else "–"
+                label = "**total**" if phase == "total_s" else phase
+                lines.append(f"| {world:,} | {label} | {_cell(t, phase)} | {_cell(m, phase)} | {ratio} |")
+            rss = [f"{r['extra_rss_mb']:,.0f} MB" if r else "–" for r in (t, m)]
+            pgs = [str(r["process_groups"]) if r else "–" for r in (t, m)]
+            lines.append(f"| {world:,} | extra RSS | {rss[0]} | {rss[1]} | |")
+            lines.append(f"| {world:,} | process groups per rank | {pgs[0]} | {pgs[1]} | |")
+        lines.append("")
+    sc = scaling(rows)
+    if sc:
+        lines += [
+            "**Scaling of rankmesh's parallelise phase** (target: ≤ 1.25× and ≤ 64 MB more extra RSS)",
+            "",
+            "| workload | worlds | parallelise, largest / smallest | extra RSS, largest − smallest |",
+            "|---|---|---:|---:|",
+        ]
+        for s in sc:
+            lines.append(
+                f"| {s['workload']} | {s['small']:,} → {s['large']:,} | {s['parallelise_ratio']:.2f}× "
+                f"| {s['rss_delta_mb']:+.0f} MB |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is optional
+        return
+    names = sorted({r["workload"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, name in enumerate(names):
+        color = f"C{i}"
+        for impl, style in (("torch", "--"), ("rankmesh", "-")):
+            pts = sorted((r["world"], r["total_s"]) for r in rows if r["workload"] == name and r["impl"] == impl)
+            if pts:
+                ax.plot(
+                    *zip(*pts), style, marker="o", color=color, label=f"{name} ({'stock' if impl == 'torch' else impl})"
+                )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("mesh + parallelise (+ step), seconds per rank")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="rankmesh bench model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--worlds", default=DEFAULT_WORLDS, help=f"log2 world sizes (default {DEFAULT_WORLDS})")
+    p.add_argument("--repeats", type=int, default=3, help="measurements per point (default 3; stock: 1 from 2^17)")
+    p.add_argument("--workload", action="append", help="only these workloads (default: all)")
+    p.add_argument("--impl", choices=IMPLS, action="append", help="only these implementations")
+    p.add_argument("--out", type=Path, default=None, help="results folder (default: benches/results in the repo)")
+    p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    known = _workloads()
+    for name in args.workload or ():
+        if name not in known:
+            p.error(f"--workload {name!r}: choose from {sorted(known)}")
+    if args.worker:
+        print(json.dumps(measure(args.worker, args.workload[0], args.world)))
+        return 0
+    try:
+        worlds = [1 << int(x) for x in args.worlds.split(",")]
+    except ValueError:
+        p.error(f"--worlds must be comma-separated integers (log2 sizes), got {args.worlds!r}")
+    names = args.workload or sorted(known)
+    impls = args.impl or list(IMPLS)
+    samples = []
+    for name in names:
+        for world in worlds:
+            if world < _min_world(name):
+                print(f"  {name}: skipping W={world:,} (needs at least {_min_world(name):,})", file=sys.stderr)
+                continue
+            for impl in impls:
+                n = args.repeats if impl != "torch" or world < 2**17 else 1
+                for _ in range(n):
+                    s = _run_worker(["--worker", impl, "--workload", name, "--world", str(world)])
+                    samples.append(s)
+                    ph = " ".join(f"{k}={_fmt_s(v)}" for k, v in s["phases"].items())
+                    print(
+                        f"  {name:22s} {impl:8s} W={world:>9,}  {ph}  +{s['extra_rss_mb']:.1f} MB  "
+                        f"{s['process_groups']} PGs",
+                        file=sys.stderr,
+                    )
+    out = args.out
+    if out is None:
+        repo = Path(__file__).resolve().parents[2]
+        out = repo / "benches" / "results" if (repo / "benches").is_dir() else Path("bench-results")
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    tv = torch.__version__.split("+")[0]
+    stem = f"model_torch{tv}"
+    measured = {(s["workload"], s["world"], s["impl"]) for s in samples}
+    previous = out / f"{stem}.json"
+    if previous.is_file():  # a run replaces the points it measured and keeps the others
+        old = json.loads(previous.read_text())
+        samples = [
+            s for s in old.get("samples", []) if (s["workload"], s["world"], s["impl"]) not in measured
+        ] + samples
+    rows = summarize(samples)
+    table = to_markdown(rows)
+    print(table)
+    meta = {"torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    previous.write_text(
+        json.dumps({"meta": meta, "rows": rows, "scaling": scaling(rows), "samples": samples}, indent=1)
+    )
+    (out / f"{stem}.md").write_text(
+        f"torch {tv}, {meta['cpus']} CPUs, fake backend, one rank (W/2+3), time to a parallelised model\n\n"
+        + table
+        + "\n"
+    )
+    plot(rows, out / f"{stem}.png", f"torch {tv}: time to a parallelised model, one rank, 2-core CPU")
+    print(f"results written to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
