@@ -764,6 +764,57 @@ fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout
 }
 
 /// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
+/// Writes `v` in decimal at the end of `buf`; returns where the digits start.
+fn decimal(v: u64, buf: &mut [u8; 24]) -> usize {
+    let (mut i, mut v) = (buf.len(), v);
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return i;
+        }
+    }
+}
+
+/// torch's hashed name of a member-only process group (`distributed_c10d._hash_ranks_to_str`):
+/// the SHA-1 hex digest of `"_".join(map(str, ranks)) + "_" + str(salt)`, computed without
+/// building the joined string (O(members), GIL released). `ranks` is the sorted member list
+/// as an int32 array. rankmesh's start-up self-check compares it with torch's own function.
+#[pyfunction]
+fn hashed_group_name(
+    py: Python<'_>,
+    ranks: PyReadonlyArray1<'_, i32>,
+    salt: u64,
+) -> PyResult<String> {
+    use sha1::{Digest, Sha1};
+    let ranks = ranks.as_slice()?;
+    py.detach(|| {
+        let mut h = Sha1::new();
+        let mut buf = [0u8; 24];
+        for (k, &r) in ranks.iter().enumerate() {
+            if k > 0 {
+                h.update(b"_");
+            }
+            if r < 0 {
+                h.update(b"-");
+            }
+            let start = decimal(r.unsigned_abs() as u64, &mut buf);
+            h.update(&buf[start..]);
+        }
+        h.update(b"_");
+        let start = decimal(salt, &mut buf);
+        h.update(&buf[start..]);
+        let digest = h.finalize();
+        let mut out = String::with_capacity(40);
+        for b in digest.iter() {
+            out.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
+            out.push(char::from_digit((b & 15) as u32, 16).unwrap_or('0'));
+        }
+        Ok(out)
+    })
+}
+
 #[pyfunction]
 fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
     guarded(py, || -> Result<(), LayoutError> {
@@ -775,6 +826,7 @@ fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMeshLayout>()?;
     m.add_function(wrap_pyfunction!(_restore, m)?)?;
+    m.add_function(wrap_pyfunction!(hashed_group_name, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("MAX_WORLD_SIZE", crate::error::MAX_WORLD_SIZE)?;
     // the one version: Cargo.toml's, which maturin also gives the Python package

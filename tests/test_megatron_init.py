@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     from megatron.core import hyper_comm_grid as mgrid
 
 import rankmesh.megatron as rm  # noqa: E402
-from rankmesh import _megatron_init  # noqa: E402
+from rankmesh import _megatron_init, torch_layer  # noqa: E402
 from rankmesh.errors import (  # noqa: E402
     ArgumentTypeError,
     DistributedStateError,
@@ -63,6 +63,13 @@ def gloo_is_fakegloo(monkeypatch):
         return real(*args, backend=FAKEGLOO if backend == "gloo" else backend, **kw)
 
     monkeypatch.setattr(dist, "new_group", new_group)
+    # rankmesh's own member-only groups (rankmesh._fast_groups) take the same detour
+    real_member = torch_layer.new_member_group
+
+    def new_member_group(ranks, *, backend=None, **kw):
+        return real_member(ranks, backend=FAKEGLOO if backend == "gloo" else backend, **kw)
+
+    monkeypatch.setattr(torch_layer, "new_member_group", new_member_group)
     snap.reset()
     yield
     snap.reset()

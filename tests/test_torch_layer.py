@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from rankmesh import MeshLayout
+from rankmesh import MeshLayout, torch_layer
 from rankmesh._torchtitan import fake_dims as fake_dims_of
 from rankmesh.errors import (
     ConfigMismatchError,
@@ -244,13 +244,13 @@ def test_world_sized_dims_reuse_the_default_group():
 
 def test_size_one_and_fake_dims_use_the_fake_backend(monkeypatch):
     calls = []
-    real_new_group = dist.new_group
+    real_new_group = torch_layer.new_member_group  # torch's member-only new_group, made fast
 
-    def spy(*args, **kwargs):
-        calls.append((list(args[0] if args else kwargs["ranks"]), kwargs.get("backend"), kwargs))
-        return real_new_group(*args, **kwargs)
+    def spy(ranks, **kwargs):
+        calls.append((ranks.tolist(), kwargs.get("backend"), kwargs))
+        return real_new_group(ranks, **kwargs)
 
-    monkeypatch.setattr(dist, "new_group", spy)
+    monkeypatch.setattr(torch_layer, "new_member_group", spy)
     W = 16
     world = MeshLayout.world(W)
     mesh = world.unflatten("world", (1, 4, 4), ("pp", "dp", "tp"))
@@ -259,7 +259,6 @@ def test_size_one_and_fake_dims_use_the_fake_backend(monkeypatch):
         dm = builder.device_mesh(mesh, fake_dims=("dp",))
         rep = builder.report()
     assert [(r, b) for r, b, _ in calls] == [([9], "fake"), ([1, 5, 9, 13], "fake"), ([8, 9, 10, 11], None)]
-    assert all(kw.get("use_local_synchronization") is True for _, _, kw in calls)
     assert (rep.real, rep.fake) == (1, 2)
     assert rep.by_backend == {"fake": 3}  # the fake world's default backend is "fake" too
     assert dm.mesh_dim_names == ("pp", "dp", "tp")

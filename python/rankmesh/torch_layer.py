@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, as_u64, check_str, type_name
+from rankmesh._fast_groups import new_member_group
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
@@ -270,7 +271,7 @@ class MeshBuilder:
         pg = self._existing(key)
         if pg is not _NOT_YET:
             return pg
-        ranks = np.sort(layout.group(self._rank, dim)).tolist()
+        ranks = np.sort(layout.group(self._rank, dim))
         if group_desc is None:
             group_desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
         pg = self._create(key, ranks, str(name), backend, pg_options, timeout, group_desc)
@@ -314,7 +315,7 @@ class MeshBuilder:
                 value=partition,
             ) from None
         backend, timeout = _check_group_args(backend, timeout, group_desc, tag)
-        ranks = None if members is None else self._members(members, name)
+        ranks = None if members is None else np.asarray(self._members(members, name), dtype=np.int32)
         self._counters.dims += 1
         options_id = None if pg_options is None else id(pg_options)
         key = extend_key((("subset", partition), backend, options_id), timeout, tag)
@@ -411,15 +412,18 @@ class MeshBuilder:
     def _create(
         self,
         key: tuple[Any, ...],
-        ranks: list[int] | None,
+        ranks: np.ndarray | None,
         name: str,
         backend: str | None,
         pg_options: Any,
         timeout: datetime.timedelta | None,
         desc: str,
     ) -> dist.ProcessGroup | None:
-        """Creates (and records under ``key``) the group of ``ranks``; ``None`` means this rank
-        is in none of the partition's groups, which only the split path has to take part in."""
+        """Creates (and records under ``key``) the group of ``ranks`` (sorted int32, holding this
+        rank); ``None`` means this rank is in none of the partition's groups, which only the split
+        path has to take part in. Member-only groups come from
+        :func:`rankmesh._fast_groups.new_member_group` (torch's ``new_group`` without its
+        per-member Python where the start-up check allows it)."""
         c = self._counters
         if timeout is None:
             timeout = getattr(pg_options, "_timeout", None)
@@ -445,31 +449,31 @@ class MeshBuilder:
                 placeholder = dist.distributed_c10d._world.group_count == count
             if placeholder:
                 self._ensure_fake_backend()
-                dist.new_group(
-                    [self._rank], backend=FAKE, use_local_synchronization=True, group_desc=f"{desc}_placeholder"
-                )
+                me = np.asarray([self._rank], dtype=np.int32)
+                new_member_group(me, backend=FAKE, group_desc=f"{desc}_placeholder")
                 c.fake += 1
                 c.groups.append((str(name), "placeholder", 1))
             self._groups[key] = None
             return None
         if backend == FAKE:
             self._ensure_fake_backend()
-            pg = dist.new_group(ranks, backend=FAKE, use_local_synchronization=True, group_desc=desc, **extra)
+            pg = new_member_group(ranks, backend=FAKE, group_desc=desc, timeout=timeout, pg_options=pg_options)
             c.fake += 1
             label = FAKE
         elif split:
-            with _narrowed_parent_ranks(self._default, ranks, self._world_size):
-                pg = dist.split_group(parent_pg=self._default, split_ranks=[ranks], group_desc=desc, **extra)
+            members = ranks.tolist()
+            with _narrowed_parent_ranks(self._default, members, self._world_size):
+                pg = dist.split_group(parent_pg=self._default, split_ranks=[members], group_desc=desc, **extra)
             c.real += 1
             label = self._backend
         else:
-            pg = dist.new_group(ranks, backend=backend, use_local_synchronization=True, group_desc=desc, **extra)
+            pg = new_member_group(ranks, backend=backend, group_desc=desc, timeout=timeout, pg_options=pg_options)
             c.real += 1
             label = backend or self._backend
         if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:  # pragma: no cover - torch bug
             raise DistributedStateError(
                 f"torch returned no process group for rank {self._rank} in {name!r} "
-                f"(ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''})",
+                f"(ranks {ranks[:8].tolist()}{'...' if len(ranks) > 8 else ''})",
                 field="dim",
                 value=name,
             )
