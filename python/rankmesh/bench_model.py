@@ -5,7 +5,7 @@
 2^17 and 2^20 on the fake backend, once on stock torch's meshes and once on rankmesh's: one
 fresh process per measurement, warmed up by the same workload at the smallest world it runs at
 first (imports, DTensor's sharding rules, dynamo). Reported per point: the median of each phase
-(mesh, parallelise, step), the total, the peak RSS the measured run added (VmHWM reset before
+(mesh, model, parallelise, step), the total, the peak RSS the measured run added (VmHWM reset before
 it), and the process groups it created on this rank.
 
 The targets (issue 16): rankmesh's parallelise phase at 2^20 within 1.25x of its time at 2^12
@@ -34,14 +34,14 @@ from rankmesh.bench import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb
 
 IMPLS = ("torch", "rankmesh")
 DEFAULT_WORLDS = "12,17,20"
-PHASES = ("mesh", "parallelise", "step")
+PHASES = ("mesh", "model", "parallelise", "step")
 
 
 def _workloads() -> dict:
     from rankmesh import workloads
 
     out = dict(workloads.WORKLOADS)
-    if importlib.util.find_spec("torchtitan") is not None and importlib.util.find_spec("rankmesh._titan_workloads"):
+    if importlib.util.find_spec("torchtitan") is not None:
         from rankmesh import _titan_workloads
 
         out.update(_titan_workloads.WORKLOADS)
@@ -238,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="measurements per point (default 3; stock: 1 from 2^17)")
     p.add_argument("--workload", action="append", help="only these workloads (default: all)")
     p.add_argument("--impl", choices=IMPLS, action="append", help="only these implementations")
+    p.add_argument(
+        "--torch-max-world",
+        type=int,
+        default=30,
+        help="log2 of the largest world stock torch is measured at (default: all; a stock torchtitan point "
+        "at 2^20 takes minutes)",
+    )
     p.add_argument("--out", type=Path, default=None, help="results folder (default: benches/results in the repo)")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
@@ -262,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: skipping W={world:,} (needs at least {_min_world(name):,})", file=sys.stderr)
                 continue
             for impl in impls:
+                if impl == "torch" and world > 1 << args.torch_max_world:
+                    continue
                 n = args.repeats if impl != "torch" or world < 2**17 else 1
                 for _ in range(n):
                     s = _run_worker(["--worker", impl, "--workload", name, "--world", str(world)])

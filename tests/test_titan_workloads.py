@@ -1,0 +1,92 @@
+"""torchtitan 0.3.0's own parallelisation (rankmesh._titan_workloads) on stock torch's meshes and
+under ``rankmesh.torchtitan.accelerate()``: Llama3 8B's shape for every ``spmd_backend``, a MoE
+model with ep = tp = 8 (``efsdp`` has the ranks of ``fsdp``) and the pipeline split with pp = 4.
+
+- The parameters' placements, mesh names, mesh shapes, global and local shapes, and every 1-D
+  mesh torchtitan hands out (its ranks and backend), equal stock's (2^12 ranks, two ranks).
+- At 2^20 ranks the accelerated run builds nothing world-sized (no rank map, no W-long tuple, no
+  plain torch DeviceMesh) and every parameter's mesh is rankmesh's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
+import torch.distributed as dist  # noqa: E402
+from rankmesh import _titan_workloads as tw  # noqa: E402
+from rankmesh import _torch_compat  # noqa: E402
+from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
+    pytest.mark.filterwarnings("ignore"),
+]
+
+SMALL = 1 << 12
+BIG = 1 << 20
+# spmd_types at 2^20 spends ~10 s in spmd_types' own MeshAxis.__le__ (sets of the dp axis's
+# ranks); partial_dtensor exercises the same meshes in well under a second.
+BIG_WORKLOADS = ["titan_llama3_partial_dtensor", "titan_llama3_full_dtensor", "titan_moe_partial_dtensor", "titan_pp_partial_dtensor"]  # noqa: E501
+
+
+def _one_d(run) -> dict:
+    out = {}
+    for name, m in run.meshes.items():
+        if name == "world":
+            continue
+        pg = m.get_group()
+        out[name] = (m.size(), m.mesh.tolist(), dist.get_process_group_ranks(pg), dist.get_backend(pg))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(tw.WORKLOADS))
+@pytest.mark.parametrize("rank", [3, SMALL // 2 + 3])
+def test_parameters_and_meshes_equal_stocks(name, rank):
+    fn = tw.WORKLOADS[name]
+    got = {}
+    for impl in ("torch", "rankmesh"):
+        run = fn(impl, SMALL, rank=rank)
+        got[impl] = (run.extra["placements"], run)
+    stock, ours = got["torch"], got["rankmesh"]
+    assert ours[0] == stock[0]
+    assert any(p[1] != "plain" for p in ours[0])  # the model was parallelised
+    meshes = {p.device_mesh for p in ours[1].model.parameters() if isinstance(p, DTensor)}
+    assert meshes and all(type(m) is FastDeviceMesh for m in meshes)
+
+
+def test_one_d_meshes_equal_stocks_while_the_world_is_up():
+    from tests.conftest import fake_world
+
+    for backend in tw.BACKENDS:
+        got = {}
+        for impl in ("torch", "rankmesh"):
+            with fake_world(SMALL, 1234):
+                got[impl] = _one_d(tw.WORKLOADS[f"titan_moe_{backend}"](impl, SMALL))
+        assert got["rankmesh"] == got["torch"], backend
+
+
+@pytest.fixture
+def count_plain_meshes(monkeypatch):
+    made = []
+    init = DeviceMesh.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(type(self))
+        return init(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceMesh, "__init__", counting_init)
+    return made
+
+
+@pytest.mark.parametrize("name", BIG_WORKLOADS)
+def test_nothing_world_sized_is_built_at_2_20_ranks(name, count_plain_meshes):
+    before = dict(RANK_MAP_MATERIALISATIONS)
+    run = tw.WORKLOADS[name]("rankmesh", BIG, rank=BIG // 2 + 3)
+    assert RANK_MAP_MATERIALISATIONS == before
+    assert count_plain_meshes == []
+    meshes = {p.device_mesh for p in run.model.parameters() if isinstance(p, DTensor)}
+    assert meshes and all(type(m) is FastDeviceMesh for m in meshes)
