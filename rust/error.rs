@@ -61,6 +61,19 @@ pub enum LayoutError {
     )]
     DuplicateName { field: String, name: String },
 
+    /// A flatten name that a dim of the root already has (`value` in Python is `name`; `root` are
+    /// the root's names). torch refuses the same ("already exists for submesh of the root mesh").
+    #[error(
+        "{field} = {name:?} already names a dim of the root mesh {root:?}; a flattened dim needs a \
+         name the root does not use, e.g. {:?}",
+        suggest_name(name, root)
+    )]
+    RootNameTaken {
+        field: String,
+        name: String,
+        root: Vec<String>,
+    },
+
     /// `value` (in Python) is `name`.
     #[error("invalid mesh dimension name {name:?} in {field}: {detail}")]
     InvalidName {
@@ -126,6 +139,17 @@ pub enum LayoutError {
     },
 }
 
+/// A name like `name` that `taken` does not hold: `name` with `_flat` (then `_flat2`, ...) added.
+fn suggest_name(name: &str, taken: &[String]) -> String {
+    (1..)
+        .map(|k| match k {
+            1 => format!("{name}_flat"),
+            _ => format!("{name}_flat{k}"),
+        })
+        .find(|n| !taken.contains(n))
+        .unwrap_or_default()
+}
+
 /// A value as the message shows it: Python syntax, so it reads like what the caller wrote.
 fn show(value: &Value) -> String {
     fn tuple<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
@@ -165,6 +189,7 @@ impl LayoutError {
             | Self::SizeMismatch { field, .. }
             | Self::Overflow { field, .. }
             | Self::DuplicateName { field, .. }
+            | Self::RootNameTaken { field, .. }
             | Self::InvalidName { field, .. }
             | Self::Incompatible { field, .. }
             | Self::InvalidLayout { field, .. } => field,

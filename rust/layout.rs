@@ -342,12 +342,20 @@ fn validate_rank_map(size: u64, map: &[i64]) -> Result<RankMaps> {
     Ok((Some(forward), Some(inverse.into_boxed_slice())))
 }
 
-/// A mesh layout: named axes over one world. Cheap to clone (the world is shared).
+/// A mesh layout: named axes over one world. Cheap to clone (the world and the root's names are
+/// shared).
+///
+/// Like a torch `DeviceMesh`, a layout has a *root*: the layout it was derived from by unflatten,
+/// slicing and flatten, which keep their parent's root. [`Layout::world`] and [`Layout::from_parts`]
+/// (raw modes, `MeshLayout.with_modes`) start a root of their own. A flatten may not take a name
+/// the root uses (torch: "already exists for submesh of the root mesh"), so the root's names travel
+/// with every layout derived from it; they take no part in equality, hashing or the fingerprint.
 #[derive(Clone, Debug)]
 pub struct Layout {
     world: Arc<World>,
     axes: Vec<Axis>,
     names: Vec<String>,
+    root_names: Arc<[String]>,
 }
 
 impl PartialEq for Layout {
@@ -367,10 +375,12 @@ impl Layout {
     /// The 1-D `"world"` mesh of an existing (shared) world.
     pub fn from_world(world: Arc<World>) -> Layout {
         let axis = Axis::from_modes(&[Mode::new(world.size, 1)]);
+        let names = vec!["world".to_string()];
         Layout {
             world,
             axes: vec![axis],
-            names: vec!["world".into()],
+            root_names: names.clone().into(),
+            names,
         }
     }
 
@@ -456,7 +466,23 @@ impl Layout {
             world,
             axes,
             names: names.to_vec(),
+            root_names: names.into(),
         })
+    }
+
+    /// This layout as derived from a root named `root_names` (what unpickling restores): a
+    /// flatten then refuses those names. They must be non-empty and unique (else `InvalidName` /
+    /// `DuplicateName` on field `root_names`).
+    pub fn with_root_names(mut self, root_names: &[String]) -> Result<Layout> {
+        check_names(root_names, "root_names")?;
+        self.root_names = root_names.into();
+        Ok(self)
+    }
+
+    /// The names of this layout's root (see [`Layout`]): `["world"]` for everything derived from
+    /// [`Layout::world`].
+    pub fn root_names(&self) -> &[String] {
+        &self.root_names
     }
 
     pub fn world_arc(&self) -> &Arc<World> {
@@ -615,6 +641,7 @@ impl Layout {
             world: self.world.clone(),
             axes,
             names: new_names,
+            root_names: self.root_names.clone(),
         })
     }
 
@@ -644,16 +671,30 @@ impl Layout {
             world: self.world.clone(),
             axes: idx.iter().map(|&i| self.axes[i].clone()).collect(),
             names: owned,
+            root_names: self.root_names.clone(),
         })
     }
 
     /// A 1-D layout over all dims of this one (adjacent or not), like `DeviceMesh._flatten`.
-    /// `name` defaults to the dim names joined by `_`, as in torch.
+    /// `name` defaults to the dim names joined by `_`, as in torch. As in torch, a 1-D layout
+    /// flattened into its own name is itself, and any other name the root uses is refused
+    /// (`RootNameTaken`): `world(8).unflatten(0, [2, 4], ["dp", "tp"]).slice(["dp"])` cannot be
+    /// flattened as `"world"`. O(ndim + root ndim).
     pub fn flatten(&self, name: Option<&str>) -> Result<Layout> {
         let name = name
             .map(str::to_string)
             .unwrap_or_else(|| self.names.join("_"));
         check_names(std::slice::from_ref(&name), "name")?;
+        if self.names.len() == 1 && self.names[0] == name {
+            return Ok(self.clone());
+        }
+        if self.root_names.contains(&name) {
+            return Err(LayoutError::RootNameTaken {
+                field: "name".into(),
+                name,
+                root: self.root_names.to_vec(),
+            });
+        }
         let all: Vec<Mode> = self
             .axes
             .iter()
@@ -663,6 +704,7 @@ impl Layout {
             world: self.world.clone(),
             axes: vec![Axis::from_modes(&all)],
             names: vec![name],
+            root_names: self.root_names.clone(),
         })
     }
 
@@ -1057,6 +1099,88 @@ mod tests {
             }
         ));
         assert_eq!(m.dim_index(-1).unwrap(), 1);
+    }
+
+    #[test]
+    fn flatten_refuses_a_name_of_the_root() {
+        use LayoutError as E;
+        let w = Layout::world(8, None).unwrap();
+        let m = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        assert_eq!(m.root_names(), names(&["world"]).as_slice());
+        let dp = m.slice(&["dp"]).unwrap();
+        let e = dp.flatten(Some("world")).unwrap_err();
+        assert!(
+            matches!(&e, E::RootNameTaken { field, name, root }
+                if field == "name" && name == "world" && *root == names(&["world"])),
+            "{e:?}"
+        );
+        assert_eq!(e.field(), "name");
+        assert!(e.to_string().contains("e.g. \"world_flat\""), "{e}");
+        // the default name is refused alike
+        let root = Layout::from_parts(
+            w.world_arc().clone(),
+            &[
+                vec![Mode::new(2, 4)],
+                vec![Mode::new(2, 2)],
+                vec![Mode::new(2, 1)],
+            ],
+            &names(&["dp", "tp", "dp_tp"]),
+        )
+        .unwrap();
+        assert!(matches!(
+            root.slice(&["dp", "tp"]).unwrap().flatten(None),
+            Err(E::RootNameTaken { ref name, .. }) if name == "dp_tp"
+        ));
+        // as in torch: a name of the mesh itself is free (only the root's are taken), and a 1-D
+        // layout flattened into its own name is itself
+        assert_eq!(dp.flatten(Some("tp")).unwrap().names(), names(&["tp"]));
+        assert_eq!(w.flatten(Some("world")).unwrap(), w);
+        assert_eq!(w.flatten(None).unwrap(), w);
+        assert_eq!(dp.flatten(Some("dp")).unwrap(), dp);
+        // unflatten, slice and flatten keep the root, however deep
+        let deep = m
+            .flatten(Some("all"))
+            .unwrap()
+            .unflatten(0, &[4, 2], &names(&["a", "b"]))
+            .unwrap()
+            .slice(&["b"])
+            .unwrap();
+        assert!(matches!(
+            deep.flatten(Some("world")),
+            Err(E::RootNameTaken { ref root, .. }) if *root == names(&["world"])
+        ));
+        // raw modes start a root of their own; the root takes no part in equality
+        let raw = Layout::from_parts(
+            w.world_arc().clone(),
+            &[vec![Mode::new(2, 4)], vec![Mode::new(4, 1)]],
+            &names(&["dp", "tp"]),
+        )
+        .unwrap();
+        assert_eq!(raw, m);
+        assert_eq!(raw.fingerprint(), m.fingerprint());
+        let raw_dp = raw.slice(&["dp"]).unwrap();
+        assert_eq!(
+            raw_dp.flatten(Some("world")).unwrap().names(),
+            names(&["world"])
+        );
+        assert!(matches!(
+            raw_dp.flatten(Some("tp")),
+            Err(E::RootNameTaken { ref name, .. }) if name == "tp"
+        ));
+        // a restored root (unpickling) is validated, and then refused like any root
+        let e = raw
+            .clone()
+            .with_root_names(&names(&["x", "x"]))
+            .unwrap_err();
+        assert!(
+            matches!(&e, E::DuplicateName { field, name } if field == "root_names" && name == "x"),
+            "{e:?}"
+        );
+        let restored = raw_dp.with_root_names(&names(&["world"])).unwrap();
+        assert!(matches!(
+            restored.flatten(Some("world")),
+            Err(E::RootNameTaken { .. })
+        ));
     }
 
     #[test]

@@ -85,7 +85,7 @@ fn to_pyerr(py: Python<'_>, e: &LayoutError) -> PyErr {
                 new_error::<LayoutOverflowError>(py, message, field, value_object(py, value)?)
             }
             E::UnknownName { name, .. } => new_error::<UnknownNameError>(py, message, field, name),
-            E::DuplicateName { name, .. } => {
+            E::DuplicateName { name, .. } | E::RootNameTaken { name, .. } => {
                 new_error::<DuplicateNameError>(py, message, field, name)
             }
             E::InvalidName { name, .. } => new_error::<InvalidNameError>(py, message, field, name),
@@ -247,7 +247,9 @@ fn items_arg<'py>(
     }
 }
 
-/// One name: a `str` (else `ArgumentTypeError`) that is valid Unicode (else `InvalidNameError`).
+/// One name, by `rankmesh._check.check_str`'s rule: a `str` that is valid UTF-8 text; anything
+/// else (another type, or a `str` holding a lone surrogate such as `"\ud800"`, which has no UTF-8
+/// form) raises `ArgumentTypeError` naming `field` and holding `obj`.
 fn name_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<String> {
     let Ok(s) = obj.cast::<PyString>() else {
         return Err(type_error(
@@ -259,10 +261,12 @@ fn name_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, field: &str) -> PyResult<Str
     };
     s.to_str().map(str::to_string).map_err(|_| {
         let message = format!(
-            "{field} = {} is not valid Unicode text (it holds a lone surrogate)",
+            "{field} must be valid UTF-8 text, got {}, which holds a lone surrogate (a str made by \
+             decoding bytes with errors='surrogateescape' or 'surrogatepass'); pass the name as \
+             ordinary text",
             describe(obj)
         );
-        new_error::<InvalidNameError>(py, message, field, obj)
+        type_error(py, message, field, obj)
     })
 }
 
@@ -431,8 +435,8 @@ pub struct PyMeshLayout {
 
 impl PyMeshLayout {
     fn dim_arg(&self, py: Python<'_>, dim: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let r = if let Ok(name) = dim.cast::<PyString>() {
-            self.inner.dim_by_name(name.to_str()?)
+        let r = if dim.is_instance_of::<PyString>() {
+            self.inner.dim_by_name(&name_arg(py, dim, "dim")?)
         } else {
             self.inner.dim_index(int_arg(py, dim, "dim")?)
         };
@@ -722,25 +726,34 @@ impl PyMeshLayout {
             .rank_map(py)
             .map(|a| a.into_any())
             .unwrap_or_else(|| py.None().into_bound(py));
-        let args = (
-            this.inner.world_size(),
-            map,
-            axes,
-            this.inner.names().to_vec(),
-        )
-            .into_pyobject(py)?;
+        let (names, root) = (this.inner.names(), this.inner.root_names());
+        let args = if names == root {
+            (this.inner.world_size(), map, axes, names.to_vec()).into_pyobject(py)?
+        } else {
+            // derived from another root: its names travel too, so a flatten refuses them
+            let parts = (
+                this.inner.world_size(),
+                map,
+                axes,
+                names.to_vec(),
+                root.to_vec(),
+            );
+            parts.into_pyobject(py)?
+        };
         Ok((restore, args))
     }
 }
 
-/// Rebuilds a pickled MeshLayout from `(world_size, rank_map, axes, names)`, validating every
-/// part: whatever the payload holds, a failure is a typed `rankmesh.errors` class naming its field.
+/// Rebuilds a pickled MeshLayout from `(world_size, rank_map, axes, names[, root_names])`,
+/// validating every part: whatever the payload holds, a failure is a typed `rankmesh.errors`
+/// class naming its field. Without `root_names` the layout is a root of its own.
 #[pyfunction]
 #[pyo3(signature = (*state))]
 fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout> {
-    if state.len() != 4 {
+    if state.len() != 4 && state.len() != 5 {
         let message = format!(
-            "a pickled MeshLayout has 4 parts (world_size, rank_map, axes, names), got {}; the pickle is corrupted",
+            "a pickled MeshLayout has 4 parts (world_size, rank_map, axes, names) or 5 (and root_names), \
+             got {}; the pickle is corrupted",
             state.len()
         );
         return Err(new_error::<InvalidLayoutError>(
@@ -759,8 +772,19 @@ fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout
     let world = PyMeshLayout::world(py, &state.get_item(0)?, rank_map)?;
     let axes = axes_arg(py, &state.get_item(2)?)?;
     let names = names_arg(py, &state.get_item(3)?, "names")?;
+    let root = match state.len() {
+        5 => Some(names_arg(py, &state.get_item(4)?, "root_names")?),
+        _ => None,
+    };
     let w: Arc<World> = world.inner.world_arc().clone();
-    guarded(py, || Layout::from_raw_parts(w, &axes, &names)).map(PyMeshLayout::wrap)
+    guarded(py, || {
+        let layout = Layout::from_raw_parts(w, &axes, &names)?;
+        match &root {
+            Some(root) => layout.with_root_names(root),
+            None => Ok(layout),
+        }
+    })
+    .map(PyMeshLayout::wrap)
 }
 
 /// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.

@@ -43,8 +43,8 @@ def test_plan_torchtitan_default(capsys):
     assert "sparse       [pp=4, dp_replicate=2, efsdp=2048, ep=8, etp=1*]" in out
     assert "dense.tp             [0, 1, ..., 7] (8 ranks)" in out
     assert "dataloading.pp       [0, 32768, 65536, 98304] (4 ranks)" in out
-    assert "process groups per rank: 8 (6 real + 2 fake)" in out
-    assert "shared: dataloading.tp = dense.tp = sparse.ep" in out
+    assert "process groups per rank: 10 (8 real + 2 fake)" in out
+    assert "shared: dataloading.tp = dense.tp\n" in out  # sparse.ep: same ranks, its own group (FSDP2)
     assert "topology: 16384 node(s) of 8 GPUs; rank 0 is on node 0" in out
     assert "dense.tp                    8 ranks  inside node 0; every group inside a node" in out
 
@@ -154,7 +154,8 @@ def test_count_is_the_number_of_distinct_partitions(convention, world, kw):
             asked_fake = name in plan.fake.get(label, ())
             if size == world and not asked_fake:  # torch: the default group, unless overridden
                 continue
-            (fake if size == 1 or asked_fake else real).add(_labels(lay, i))
+            by_name = () if convention == "megatron" else (name,)  # DeviceMesh dims: per dim name
+            (fake if size == 1 or asked_fake else real).add((_labels(lay, i), *by_name))
     assert (len(count.real), len(count.fake)) == (len(real), len(fake))
 
 

@@ -136,8 +136,9 @@ def test_unknown_names(dp_tp):
 def test_empty_name(w8, dp_tp):
     raises(InvalidNameError, lambda: w8.unflatten(0, (2, 4), ("a", "")), "names", 'name ""', "non-empty", value="")
     raises(InvalidNameError, lambda: dp_tp.flatten(""), "name", 'name ""', value="")
-    # a str Python holds but that is not valid Unicode text
-    raises(InvalidNameError, lambda: w8.unflatten(0, (2, 4), ("a", "\ud800")), "names[1]", "surrogate",
+    # a str Python holds but that is not valid UTF-8 text: the wrong kind of argument, as for
+    # every name (tests/test_malformed_classes.py covers every place)
+    raises(ArgumentTypeError, lambda: w8.unflatten(0, (2, 4), ("a", "\ud800")), "names[1]", "surrogate",
            value="\ud800")
 
 
@@ -472,7 +473,8 @@ def test_corrupted_pickle_payload():
     good = MeshLayout.world(8, [7, 6, 5, 4, 3, 2, 1, 0]).unflatten(0, (2, 4), ("dp", "tp"))
     fn, args = good.__reduce__()
     assert pickle.loads(pickle.dumps(good)) == good
-    world, rank_map, axes, names = args
+    world, rank_map, axes, names, root_names = args  # derived from the world: its root's names travel
+    assert root_names == ["world"]
     bad_modes = pickle.dumps(_Tampered(world, rank_map, [[(2, 4)], [(4, 2)]], names))
     raises(InvalidLayoutError, lambda: pickle.loads(bad_modes), "axes", "(2,4):(4,2)", value=[[(2, 4)], [(4, 2)]])
     bad_world = pickle.dumps(_Tampered(12, None, axes, names))

@@ -494,7 +494,12 @@ def test_process_groups_and_device_mesh(rank):
         assert dist.get_process_group_ranks(dm.get_group("dp_cp")) == m.group(rank, "dp_cp").tolist()
         assert dm["dp_cp"].mesh.tolist() == m.group(rank, "dp_cp").tolist()
         assert m.decoder.process_group("dp-cp", builder) is pgs["dp_cp"]
-        assert builder.report().created == report.created  # nothing new: all partitions known
+        # A DeviceMesh's dims share groups by (partition, dim name) only: its pp, dp_cp and tp are
+        # groups of their own (FSDP2 needs distinct groups for distinct meshes); asking again
+        # makes nothing new.
+        assert builder.report().created == report.created + 3
+        m.decoder.device_mesh(["pp", "dp-cp", "tp"], builder)
+        assert builder.report().created == report.created + 3
         em = m.expert.device_mesh(["pp", "dp", "ep", "tp"], builder)
         assert tuple(em.shape) == (2, 4, 4, 2)
         assert em.get_coordinate() is not None

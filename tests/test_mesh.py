@@ -178,7 +178,7 @@ def assert_same_mesh(ours, theirs, our_root, their_root) -> None:
 
 def assert_same_relations(pairs) -> None:
     """Equality and identity among all meshes derived so far agree with torch's; our groups are
-    one per distinct (ranks, backend)."""
+    one per distinct (ranks, backend, dim name)."""
     for i, (o1, t1) in enumerate(pairs):
         for o2, t2 in pairs[i + 1 :]:
             assert (o1 == o2) == (t1 == t2)
@@ -190,7 +190,7 @@ def assert_same_relations(pairs) -> None:
     for o, _ in pairs:
         for i in range(o.ndim):
             pg = o.get_group(i)
-            key = (tuple(ranks_of(pg)), _backend(pg))
+            key = (tuple(ranks_of(pg)), _backend(pg), pg.group_desc)  # desc: mesh_<dim name>
             assert by_key.setdefault(key, pg) is pg, key
     assert len({id(pg) for pg in by_key.values()}) == len(by_key)
 
@@ -820,7 +820,7 @@ def test_unflatten_of_an_unnamed_mesh_raises_like_torch():
 # -- 4. process groups --------------------------------------------------------------------------
 
 
-def test_meshes_of_one_world_share_one_group_per_partition_across_unflattens():
+def test_meshes_of_one_world_share_one_group_per_partition_and_name_across_unflattens():
     with fake_world(8, 5, MESHFAKE):
         world = init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
         assert world.get_group() is dist.group.WORLD
@@ -829,18 +829,25 @@ def test_meshes_of_one_world_share_one_group_per_partition_across_unflattens():
         m3 = world._unflatten(0, (1, 2, 4), ("x", "dp", "tp"))
         assert [ranks_of(m1.get_group(n)) for n in ("dp", "tp")] == [[1, 5], [4, 5, 6, 7]]
         assert [ranks_of(m2.get_group(n)) for n in ("a", "b", "c")] == [[1, 5], [5, 7], [4, 5]]
-        # the same partition, whichever unflatten, slice or flatten made the dim: the same object
+        # the same partition under the same name, whichever unflatten made the dim: one object
         assert m3.get_group("tp") is m1.get_group("tp") and m3.get_group("dp") is m1.get_group("dp")
-        assert m2.get_group("a") is m1.get_group("dp")
-        assert m2["b", "c"]._flatten("bc").get_group() is m1.get_group("tp")
+        assert m1["dp", "tp"]["tp"].get_group() is m1.get_group("tp")
+        # the same ranks under another name: a group of its own, as in torch (FSDP2 keys its
+        # parameter groups by process group and needs one mesh per group)
+        assert ranks_of(m2.get_group("a")) == ranks_of(m1.get_group("dp"))
+        assert m2.get_group("a") is not m1.get_group("dp")
+        bc = m2["b", "c"]._flatten("bc").get_group()
+        assert ranks_of(bc) == ranks_of(m1.get_group("tp")) and bc is not m1.get_group("tp")
         assert m2["a", "b", "c"]._flatten("all").get_group() is dist.group.WORLD
         # b is fake; the real group of b's partition is another group
         assert _backend(m2.get_group("b")) == FAKE
-        real_b = world._unflatten(0, (2, 2, 2), ("a", "b", "c")).get_group("b")
+        again = world._unflatten(0, (2, 2, 2), ("a", "b", "c"))
+        real_b = again.get_group("b")
         assert _backend(real_b) == MESHFAKE and real_b is not m2.get_group("b")
         assert ranks_of(real_b) == [5, 7]
+        assert again.get_group("a") is m2.get_group("a") and again.get_group("c") is m2.get_group("c")
         t01 = m1["tp"]._unflatten(0, (2, 2), ("t0", "t1"))
-        assert t01.get_group("t0") is real_b and t01.get_group("t1") is m2.get_group("c")
+        assert ranks_of(t01.get_group("t0")) == [5, 7] and t01.get_group("t0") is not real_b
         # torch, for contrast, makes new groups for every unflatten
         t_world = torch_init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
         t1 = t_world._unflatten(0, (2, 4), ("dp", "tp"))
@@ -849,15 +856,17 @@ def test_meshes_of_one_world_share_one_group_per_partition_across_unflattens():
         assert t3.get_group("tp") is not t1.get_group("tp")
         rep = world.build_report()
         assert rep.method == "new_group"
-        # created: dp, tp (m1); b (fake), c (m2); x (fake, m3); b (real). Served by the
-        # default group: the root's world dim and the "all" flatten. Everything else is shared.
-        assert (rep.real, rep.fake, rep.reused_default) == (4, 2, 2)
-        assert rep.dims == 1 + 2 + 3 + 3 + 1 + 1 + 3 + 2
-        assert rep.shared == rep.dims - 8
-        assert rep.by_backend == {MESHFAKE: 4, FAKE: 2}
+        # created: dp, tp (m1); a, b (fake), c (m2); x (fake, m3); bc; b (real); t0, t1. Served by
+        # the default group: the root's world dim and the "all" flatten. Shared: m3's dp and tp,
+        # the second unflatten's a and c.
+        assert (rep.real, rep.fake, rep.reused_default) == (8, 2, 2)
+        assert rep.dims == 1 + 2 + 3 + 1 + 1 + 3 + 3 + 2
+        assert rep.shared == 4
+        assert rep.by_backend == {MESHFAKE: 8, FAKE: 2}
         assert [g[:2] for g in rep.groups] == [
-            ("dp", MESHFAKE), ("tp", MESHFAKE), ("b", FAKE), ("c", MESHFAKE), ("x", FAKE), ("b", MESHFAKE)
-        ]
+            ("dp", MESHFAKE), ("tp", MESHFAKE), ("a", MESHFAKE), ("b", FAKE), ("c", MESHFAKE), ("x", FAKE),
+            ("bc", MESHFAKE), ("b", MESHFAKE), ("t0", MESHFAKE), ("t1", MESHFAKE),
+        ]  # fmt: skip
 
 
 def test_a_dim_overridden_to_fake_stays_fake_through_derivations():
@@ -893,7 +902,9 @@ def test_build_report_counts_groups_by_backend():
         rep2 = o.build_report()
         assert rep2.dims == 4 + 2 + 1
         assert rep2.created == rep.created + 3  # t0, t1, dp_tp are new partitions
-        o._unflatten("tp", (4,), ("tp2",))  # tp's partition again
+        o._unflatten("tp", (4,), ("tp2",))  # tp's partition again, under another name: its own group
+        assert o.build_report().created == rep2.created + 1
+        o["pp", "one", "dp"]._unflatten("dp", (2,), ("dp",))  # dp's partition and name again: shared
         assert o.build_report().shared == rep2.shared + 1
         assert o["dp"].build_report() == o.build_report()  # one report per world
 

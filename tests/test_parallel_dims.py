@@ -509,9 +509,9 @@ def test_single_rank():
         assert pd.get_all_one_dimensional_meshes() == {}
         assert pd.get_optional_mesh(["dp_replicate", "fsdp"]) is None
         # every dim is world-sized: the default group, except the disabled dims torchtitan
-        # overrides to fake, which share one 1-rank fake group (torch honours the override too)
+        # overrides to fake (torch honours the override too): a 1-rank fake group per dim name
         rep = pd.build_report
-        assert (rep.created, rep.fake) == (1, 1)
+        assert rep.created == rep.fake == len({g[0] for g in rep.groups}) == 9
 
 
 def test_build_needs_the_right_world():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rankmesh import MeshLayout
-from rankmesh.errors import InvalidSizeError, RankmeshError, TopologyError
+from rankmesh.errors import InvalidSizeError, RankmeshError, TopologyError, UnknownNameError
 from rankmesh.single import single_mesh
 from rankmesh.topology import (
     BANDWIDTH_HUNGRY,
@@ -84,8 +84,9 @@ def test_strict_mode_families():
     with pytest.raises(TopologyError, match="etp"):
         topology_report(sparse, rank=0, gpus_per_node=8, strict=True)
     assert set(BANDWIDTH_HUNGRY) == {"tp", "ep", "cp"}
-    with pytest.raises(TopologyError):
-        topology_report(mesh, rank=0, gpus_per_node=8, strict=True, strict_dims=("pp",))
+    for strict in (True, False):  # a name that is no family is never ignored
+        with pytest.raises(UnknownNameError):
+            topology_report(mesh, rank=0, gpus_per_node=8, strict=strict, strict_dims=("pp",))
     # not strict: the same layout only reports
     rep = topology_report(sparse, rank=0, gpus_per_node=8)
     assert [d.label for d in rep.violations()] == ["etp"]

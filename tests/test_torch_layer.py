@@ -157,7 +157,8 @@ CONFIG = dict(dp_replicate=2, dp_shard=2, cp=2, tp=2, pp=2, ep=4, etp=1)  # W = 
 
 
 def expected_groups(pd: ParallelDims) -> tuple[int, int, int]:
-    """(real, fake, reused_default) from the O(W) partitions, independent of partition_key."""
+    """(real, fake, reused_default) from the O(W) partitions and dim names, independent of
+    partition_key."""
     W = pd.world_size
     seen: set = set()
     real = fake = default = 0
@@ -169,7 +170,7 @@ def expected_groups(pd: ParallelDims) -> tuple[int, int, int]:
                 default += 1
                 continue
             backend = "fake" if (d in fake_dims or sizes[d] == 1) else "real"
-            key = (partition(layout, d), backend)
+            key = (partition(layout, d), backend, d)  # meshes share a group only within one dim name
             if key in seen:
                 continue
             seen.add(key)

@@ -170,8 +170,10 @@ def assert_same(stock: dict, ours: dict) -> None:
 
 
 def partitions(created) -> set:
-    """The distinct (sorted member ranks, backend) of process groups created on this rank."""
-    return {(tuple(dist.get_process_group_ranks(pg)), backend_of(pg)) for pg in created}
+    """The distinct (sorted member ranks, backend, description ``mesh_<dim name>``) of process
+    groups created on this rank: rankmesh shares a group between dims of the same name only
+    (FSDP2 needs distinct groups for distinct meshes)."""
+    return {(tuple(dist.get_process_group_ranks(pg)), backend_of(pg), pg.group_desc) for pg in created}
 
 
 def check_config(cfg: dict, world: int, rank: int, backend: str, *, max_len: int | None = 3) -> None:
@@ -181,10 +183,10 @@ def check_config(cfg: dict, world: int, rank: int, backend: str, *, max_len: int
         assert type(ours_pd.world_mesh) is FastDeviceMesh
         assert type(stock_pd.world_mesh) is not FastDeviceMesh
         assert_same(snapshot(stock_pd, max_len=max_len), snapshot(ours_pd, max_len=max_len))
-        # One process group per distinct partition (and backend) on this rank; stock torch
-        # creates one per dim per unflatten.
+        # One process group per distinct partition (and backend) and dim name on this rank; stock
+        # torch creates one per dim per unflatten.
         assert len(our_pgs) == len(partitions(our_pgs)), [dist.get_process_group_ranks(p) for p in our_pgs]
-        assert partitions(our_pgs) <= partitions(stock_pgs) | {(tuple(range(world)), DEFAULT_BACKEND)}
+        assert partitions(our_pgs) <= partitions(stock_pgs) | {(tuple(range(world)), DEFAULT_BACKEND, "mesh_default")}
         assert len(our_pgs) <= len(stock_pgs)
 
 
@@ -254,8 +256,8 @@ def test_process_group_counts_at_2_to_17():
         real = [p for p in ours if backend_of(p) != "fake"]
         assert len(stock) == 18
         assert len(ours) == len(partitions(ours)) < len(stock)
-        # pp, dp_replicate, dp_shard, cp, tp, loss, dp, efsdp, ep, and nothing twice
-        assert len(real) == len({tuple(dist.get_process_group_ranks(p)) for p in real})
+        # pp, dp_replicate, dp_shard, cp, tp, loss, dp, efsdp, ep, and no (ranks, dim name) twice
+        assert len(real) == len({(tuple(dist.get_process_group_ranks(p)), p.group_desc) for p in real})
 
 
 # -- the switch itself ---------------------------------------------------------------------------

@@ -29,8 +29,16 @@ Other rules kept here:
   reads 0 as "no timeout") and at most ``timedelta.max``; out of range,
   :class:`~rankmesh.errors.InvalidTimeoutError`;
 * a flag (:func:`as_bool`) is a ``bool`` (or numpy's), never a truthy object;
-* a name, description or tag (:func:`check_str`) is a ``str``;
-* a layout argument (:func:`as_layout`) is a :class:`~rankmesh.MeshLayout`.
+* a name, description or tag (:func:`check_str`) is a ``str`` of valid UTF-8 text: a ``str``
+  holding a lone surrogate (``"\\ud800"``, what ``errors="surrogateescape"`` decoding makes of
+  bytes that are not UTF-8) is an :class:`~rankmesh.errors.ArgumentTypeError` too, here and in the
+  Rust core, never a ``UnicodeEncodeError`` from deep inside;
+* a layout argument (:func:`as_layout`) is a :class:`~rankmesh.MeshLayout`;
+* degrees (:func:`check_degrees`) multiply to a world of at most
+  :data:`~rankmesh.MAX_WORLD_SIZE` ranks (ranks are int32), checked as a running product in
+  argument order so that the :class:`~rankmesh.errors.LayoutOverflowError` names the degree that
+  overflows it, as ``MeshLayout.unflatten`` names the size (``RankGenerator(tp=2**64, ...)`` blames
+  ``tp``), and before the degrees are compared with the world.
 
     >>> from rankmesh._check import as_int, as_timeout, positive_int
     >>> positive_int(8, "tp")
@@ -57,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from rankmesh._native import MeshLayout
+from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
     InvalidSizeError,
@@ -75,6 +83,7 @@ __all__ = [
     "as_bool",
     "as_layout",
     "check_str",
+    "check_degrees",
     "type_name",
 ]
 
@@ -171,14 +180,73 @@ def as_timeout(value: Any, field: str = "timeout") -> datetime.timedelta:
 
 
 def check_str(value: Any, field: str, *, optional: bool = False) -> None:
-    """``value`` must be a ``str`` (or ``None`` when ``optional``): names, descriptions, tags."""
-    if isinstance(value, str) or (optional and value is None):
+    """``value`` must be a ``str`` of valid UTF-8 text (or ``None`` when ``optional``): names,
+    descriptions, tags. The Rust core reads names by the same rule.
+
+        >>> check_str("tp", "names[0]")
+        >>> check_str(chr(0xD800), "names[0]")  # a lone surrogate  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rankmesh.errors.ArgumentTypeError: names[0] must be valid UTF-8 text, got str '\\ud800', which holds ...
+    """
+    if optional and value is None:
         return
-    raise ArgumentTypeError(
-        f"{field} must be a str{' or None' if optional else ''}, got {type_name(value)} {value!r}",
-        field=field,
-        value=value,
-    )
+    if not isinstance(value, str):
+        raise ArgumentTypeError(
+            f"{field} must be a str{' or None' if optional else ''}, got {type_name(value)} {value!r}",
+            field=field,
+            value=value,
+        )
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArgumentTypeError(
+            f"{field} must be valid UTF-8 text, got str {value!r}, which holds a lone surrogate (a str made "
+            "by decoding bytes with errors='surrogateescape' or 'surrogatepass'); pass the name as ordinary text",
+            field=field,
+            value=value,
+        ) from None
+
+
+def check_degrees(
+    degrees: Any, *, rank_offset: int = 0, error: type[LayoutOverflowError] = LayoutOverflowError
+) -> int:
+    """The product of ``degrees``, ``(field, value)`` pairs of ints >= 1 in argument order, which
+    must fit a world of at most :data:`~rankmesh.MAX_WORLD_SIZE` ranks, and so must the last rank
+    past ``rank_offset``. Else ``error`` (a :class:`LayoutOverflowError`) naming the degree at which
+    the running product first exceeds it (or ``rank_offset``), with that degree as the value.
+
+        >>> check_degrees([("tp", 8), ("dp", 4)])
+        32
+        >>> check_degrees([("tp", 8), ("dp", 2**40), ("pp", 2)])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rankmesh.errors.LayoutOverflowError: dp = 1099511627776 overflows: tp*dp = 8*1099511627776 = ...
+    """
+    product = 1
+    seen: list[tuple[str, int]] = []
+    for field, value in degrees:
+        product *= value
+        seen.append((field, value))
+        if product > MAX_WORLD_SIZE:
+            names, values = "*".join(f for f, _ in seen), "*".join(str(v) for _, v in seen)
+            what = f"{names} = {values} = {product} ranks" if len(seen) > 1 else f"{value} ranks"
+            raise error(
+                f"{field} = {value} overflows: {what} is more than the {MAX_WORLD_SIZE} a world holds "
+                f"(ranks are int32); lower {field}",
+                field=field,
+                value=value,
+            )
+    if product + rank_offset - 1 > MAX_WORLD_SIZE:
+        raise error(
+            f"rank_offset = {rank_offset} overflows: with {product} ranks from rank {rank_offset} the last rank "
+            f"is {product + rank_offset - 1}, past {MAX_WORLD_SIZE} (ranks are int32); lower rank_offset",
+            field="rank_offset",
+            value=rank_offset,
+        )
+    return product
 
 
 def as_bool(value: Any, field: str) -> bool:

@@ -6,9 +6,16 @@ groups without importing torch; :class:`rankmesh.MeshBuilder` creates them by th
   size 1 (it never communicates; for one rank the fake backend's collectives are exact) unless
   ``size_one_fake=False``, torch's own rule, which gives it a one-rank group on its backend.
 - Every other dim gets one group per distinct (partition of the world, backend, options, timeout,
-  tag): two dims whose groups are the same sets of ranks share one group. A ``tag`` asks for a
-  communicator of its own (Megatron's all-gather twin of the dp-cp group); a ``timeout`` other
-  than the backend's default keeps a group from being shared with one that has another timeout.
+  tag, mesh dim name): two dims whose groups are the same sets of ranks share one group. A ``tag``
+  asks for a communicator of its own (Megatron's all-gather twin of the dp-cp group); a
+  ``timeout`` other than the backend's default keeps a group from being shared with one that has
+  another timeout.
+- Dims of ``DeviceMesh`` objects pass their name (``mesh_dim_name``): they share a group only
+  with dims of the same name (``pp`` of torchtitan's dataloading, dense and sparse meshes), never
+  across names. FSDP2 groups a module's parameters by their (shard, replicate) process groups
+  and requires one mesh per such pair, so when ``efsdp`` has the same ranks as ``fsdp`` (ep equal
+  to cp x tp) one shared group would make ``fully_shard`` refuse torchtitan's MoE blocks; stock
+  torch gives them two groups as well.
 
     >>> from rankmesh import MeshLayout
     >>> m = MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp"))
@@ -47,19 +54,22 @@ def group_key(
     size_one_fake: bool = True,
     timeout: Any = None,
     tag: str | None = None,
+    mesh_dim_name: str | None = None,
 ) -> tuple[Any, ...]:
     """The key of the process group that serves ``dim`` of ``layout``: :data:`DEFAULT`, or
     ``(partition modes, backend, options id)`` with backend ``"fake"`` for fake dims and
-    ``None`` for the default backend, followed by ``(timeout, tag)`` when either is given.
-    Dims with equal keys share one group. A world-sized dim with only a ``timeout`` is still
-    served by the default group (which keeps its own timeout)."""
+    ``None`` for the default backend, followed by ``(timeout, tag)`` when either is given and by
+    ``("name", mesh_dim_name)`` for a dim of a ``DeviceMesh``. Dims with equal keys share one
+    group. A world-sized dim with only a ``timeout`` is still served by the default group (which
+    keeps its own timeout), whatever its name, as in torch."""
     as_layout(layout, "layout")
     size = int(layout.size(dim))
     if not fake and serves_default(size, world_size, backend=backend, options_id=options_id, tag=tag):
         return DEFAULT
     if fake or (size == 1 and size_one_fake):
         backend, options_id, timeout = FAKE, None, None
-    return extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
+    key = extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
+    return key if mesh_dim_name is None else key + (("name", mesh_dim_name),)
 
 
 def is_fake(key: tuple[Any, ...]) -> bool:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rankmesh._check import as_int, positive_int
+from rankmesh._check import as_int, check_degrees, check_str, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     DistributedStateError,
@@ -97,6 +97,7 @@ class HyperCommGrid:
                 raise InvalidNameError(
                     f"dim_names[{i}] must be a non-empty str, got {name!r}", field=f"dim_names[{i}]", value=name
                 )
+            check_str(name, f"dim_names[{i}]")
             if name in dim_names[:i]:
                 raise DuplicateNameError(
                     f"dim name {name!r} appears twice in {dim_names}; give each dim its own name",
@@ -105,10 +106,8 @@ class HyperCommGrid:
                 )
         world_size = self._world_size()
         self.rank_offset = as_int(rank_offset, "rank_offset")
-        size = 1
-        for s in shape:
-            size *= s
-        self.size = size
+        # a grid too large for any world names the size that overflows, before the world compares
+        self.size = check_degrees([(f"shape[{i}]", s) for i, s in enumerate(shape)])
         if self.rank_offset < 0:
             raise InvalidSizeError(
                 f"rank_offset must be non-negative, got {self.rank_offset}; the grid's first rank is >= 0",
@@ -173,6 +172,8 @@ class HyperCommGrid:
             )
         rev = self.dim_names[::-1]
         for n in names:
+            if isinstance(n, str):
+                check_str(n, "dims")
             if n not in rev:
                 raise UnknownNameError(
                     f"unknown dim {n!r}; the grid's dims are {self.dim_names}", field="dims", value=n

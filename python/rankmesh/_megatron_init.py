@@ -17,8 +17,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from rankmesh._check import check_str
 from rankmesh._native import MeshLayout
-from rankmesh.errors import MegatronConfigError, MegatronStateError, UnsupportedVersionError
+from rankmesh.errors import (
+    ArgumentTypeError,
+    MegatronConfigError,
+    MegatronStateError,
+    UnknownNameError,
+    UnsupportedVersionError,
+)
 
 __all__ = [
     "SUPPORTED_MEGATRON_CORE",
@@ -222,6 +229,24 @@ def initialize_model_parallel(
             field="sharp_enabled_group",
             value=sharp_enabled_group,
         )
+    # group names: megatron-core ignores one it does not know (a typo silently loses the high
+    # priority stream); rankmesh refuses it, with the names get_nccl_options reads
+    if isinstance(high_priority_stream_groups, (str, bytes)):
+        raise ArgumentTypeError(
+            f"high_priority_stream_groups must be a list of group names, got {high_priority_stream_groups!r}; "
+            f"write [{high_priority_stream_groups!r}]",
+            field="high_priority_stream_groups",
+            value=high_priority_stream_groups,
+        )
+    for i, pg_name in enumerate(high_priority_stream_groups or ()):
+        check_str(pg_name, f"high_priority_stream_groups[{i}]")
+        if pg_name not in GROUP_DESCRIPTIONS:
+            raise UnknownNameError(
+                f"high_priority_stream_groups[{i}] = {pg_name!r} is not a group megatron-core creates; "
+                f"name some of {', '.join(GROUP_DESCRIPTIONS)}",
+                field="high_priority_stream_groups",
+                value=pg_name,
+            )
     if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
         raise MegatronConfigError(
             f"pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', got "

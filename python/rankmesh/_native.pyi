@@ -105,7 +105,26 @@ class MeshLayout:
 
     def flatten(self, name: str | None = None) -> MeshLayout:
         """A 1-D layout over all dims of this one (adjacent or not), like
-        ``DeviceMesh._flatten``; ``name`` defaults to the dim names joined by ``"_"``."""
+        ``DeviceMesh._flatten``; ``name`` defaults to the dim names joined by ``"_"``.
+
+        As in torch, a layout remembers its *root* (the layout that unflatten, slicing and
+        flatten started from: :meth:`world`, or :meth:`with_modes`), and a flatten may not take a
+        name the root uses; a 1-D layout flattened into its own name is itself:
+
+        >>> dp = MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp"))["dp"]
+        >>> dp.flatten("world")
+        Traceback (most recent call last):
+        ...
+        rankmesh.errors.DuplicateNameError: name = "world" already names a dim of the root mesh ["world"]; \
+a flattened dim needs a name the root does not use, e.g. "world_flat"
+        >>> dp.flatten("dp") == dp, dp.flatten("world_flat").names
+        (True, ('world_flat',))
+
+        Raises:
+            DuplicateNameError (``field`` ``"name"``, ``value`` the name): a name of the root.
+            InvalidNameError: an empty name. ArgumentTypeError: a name that is not a ``str`` of
+                UTF-8 text.
+        """
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -183,11 +202,22 @@ class MeshLayout:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
 def _restore(*state: Any) -> MeshLayout:
-    """Rebuilds a pickled MeshLayout from its parts ``(world_size, rank_map, axes, names)``, as
+    """Rebuilds a pickled MeshLayout from its parts ``(world_size, rank_map, axes, names)``, and
+    ``root_names`` for a layout derived from another root (so that its flatten refuses them), as
     :meth:`MeshLayout.__reduce__` gives them, validating every part as :meth:`MeshLayout.world`
     and :meth:`MeshLayout.with_modes` do: whatever a corrupted payload holds, the failure is a
     typed :mod:`rankmesh.errors` class naming its field (``InvalidLayoutError`` with field
-    ``"state"`` when there are not 4 parts)."""
+    ``"state"`` when there are not 4 or 5 parts)."""
 
 def _panic_for_test() -> None:
     """Test hook: panics inside the FFI guard; raises :class:`rankmesh.errors.InternalError`."""
+
+def hashed_group_name(ranks: npt.NDArray[np.int32], salt: int) -> str:
+    """torch's hashed name of a member-only process group: the SHA-1 hex digest of
+    ``"_".join(map(str, ranks)) + "_" + str(salt)`` (``distributed_c10d._hash_ranks_to_str``),
+    without building the joined string. ``ranks``: the sorted members, a C-contiguous int32 array.
+
+    >>> import hashlib, numpy as np
+    >>> hashed_group_name(np.array([0, 4, 8], dtype=np.int32), 7) == hashlib.sha1(b"0_4_8_7").hexdigest()
+    True
+    """

@@ -20,9 +20,9 @@ purpose: it is the independent oracle the tests compare these against.
 
 from __future__ import annotations
 
-from rankmesh._check import as_int
+from rankmesh._check import as_int, check_degrees
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ParallelDimsError, ParallelDimsSizeMismatchError
+from rankmesh.errors import ParallelDimsError, ParallelDimsOverflowError, ParallelDimsSizeMismatchError
 
 #: torchtitan's global meshes, slowest dim first.
 GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
@@ -42,8 +42,11 @@ def resolve_degrees(
     world; etp = tp or 1 when ep > 1. Returns the seven degrees with ``dp_shard`` resolved.
     Raises :class:`~rankmesh.errors.ParallelDimsError` (an ``AssertionError``, as torchtitan),
     :class:`ParallelDimsSizeMismatchError` (also a ``SizeMismatchError``) for degrees that do not
-    fit the world, and :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``) for a degree that
-    is not an int (:mod:`rankmesh._check`'s rule)."""
+    fit the world, :class:`ParallelDimsOverflowError` (also a ``LayoutOverflowError``) for a world
+    size, or a running product of the degrees in argument order, beyond
+    :data:`~rankmesh.MAX_WORLD_SIZE` (naming the world size or the degree that overflows, checked
+    first), and :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``) for a degree that is not
+    an int (:mod:`rankmesh._check`'s rule)."""
     deg = {
         "dp_replicate": as_int(dp_replicate, "dp_replicate"),
         "dp_shard": as_int(dp_shard, "dp_shard"),
@@ -71,6 +74,10 @@ def resolve_degrees(
             field="dp_shard",
             value=dp_shard,
         )
+    # overflows before the degrees are compared with the world, naming the culprit
+    check_degrees([("world_size", world_size)], error=ParallelDimsOverflowError)
+    world_degrees = [(n, deg[n]) for n in ("dp_replicate", "dp_shard", "cp", "tp", "pp") if deg[n] != -1]
+    check_degrees(world_degrees, error=ParallelDimsOverflowError)
     if dp_shard < 0:
         deg["dp_shard"] = dp_shard = world_size // (dp_replicate * cp * tp * pp)
         if dp_shard < 1:

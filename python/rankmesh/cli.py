@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -29,6 +29,7 @@ import numpy as np
 from rankmesh._check import as_rank, positive_int
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
+from rankmesh.megatron import DEFAULT_ORDER
 from rankmesh.plan import CONVENTIONS, build_plan, format_plan, plan_topology
 from rankmesh.topology import gpus_per_node_from_env
 
@@ -84,16 +85,22 @@ _FIX = {
     "--etp": "pass --etp 1 (no expert tensor parallelism) or --etp equal to --tp",
     "--dp-replicate": "use --dp-replicate 1 to disable replication",
     "--dp-shard": "use --dp-shard -1 to shard over every rank the other degrees leave",
-    "--order": "name every dim of size > 1 once, joined by '-' with pp last, e.g. --order tp-cp-ep-dp-pp",
+    "--order": "name every dim of size > 1 once, joined by '-' with pp last",
     "--dim": "pass a dim of the plan (e.g. --dim tp) or mesh.dim (e.g. --dim dense.fsdp)",
 }
 
 
-def _plan_fix(e: RankmeshError, convention: str) -> str:
-    """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup)."""
+def _plan_fix(e: RankmeshError, convention: str, order_works: Callable[[str], bool] | None = None) -> str:
+    """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup).
+    ``order_works(order)`` says whether the same plan builds with ``--order order``: an order
+    is only suggested once it has been tried."""
     flag = _FLAG.get(e.field, "")
     if flag in _NOT_FOR.get(convention, ()) or (flag == "--order" and convention != "megatron"):
         return f"drop {flag}" + (", or pass --convention megatron" if flag == "--order" else "")
+    if flag == "--order" and order_works is not None:
+        if order_works(DEFAULT_ORDER):
+            return f"{_FIX[flag]}, e.g. --order {DEFAULT_ORDER}"
+        return f"{_FIX[flag]}; no order works with these degrees alone, so change them too"
     if flag == "--cp" and convention == "single":
         return "drop --cp (or pass --cp 1), or use --convention torchtitan or megatron for context parallelism"
     if flag == "--dp-shard" and e.value == -1:  # -1 leaves no rank: the other degrees exceed the world
@@ -259,7 +266,17 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
         if a.dim is not None:
             plan.find_dim(a.dim)  # before printing
     except RankmeshError as e:
-        raise BadInput(str(e), _plan_fix(e, a.convention)) from e
+        def order_works(order: str) -> bool:
+            try:
+                build_plan(
+                    a.convention, world, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep,
+                    dp_replicate=a.dp_replicate, dp_shard=a.dp_shard, etp=a.etp, order=order,
+                )  # fmt: skip
+            except RankmeshError:
+                return False
+            return True
+
+        raise BadInput(str(e), _plan_fix(e, a.convention, order_works)) from e
     if gpn_note:
         plan.notes.append(gpn_note)
 
@@ -275,9 +292,11 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
     if strict is not None:
         try:  # topology's strict mode: unknown families at once, a violation after the plan is shown
             plan_topology(plan, rank, gpn, strict_dims=strict)
-        except TopologyError as e:
-            if e.field == "strict_dims":
+        except RankmeshError as e:
+            if e.field.startswith("strict_dims"):  # an unknown family, or text that is no name
                 raise BadInput(str(e), "name the families to keep inside a node, e.g. --strict ep,cp") from e
+            if not isinstance(e, TopologyError):
+                raise
             violation = e
 
     out.write(format_plan(plan, rank, report))

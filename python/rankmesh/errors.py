@@ -51,6 +51,7 @@ __all__ = [
     "InvalidTimeoutError",
     "ParallelDimsError",
     "ParallelDimsSizeMismatchError",
+    "ParallelDimsOverflowError",
     "MegatronConfigError",
     "MegatronStateError",
     "UnsupportedVersionError",
@@ -256,6 +257,15 @@ class ParallelDimsSizeMismatchError(SizeMismatchError, ParallelDimsError):
     (and, like every rankmesh error, a ``ValueError``). Catch ``SizeMismatchError`` for any
     convention; code written against torchtitan keeps catching ``AssertionError``.
     """
+
+
+class ParallelDimsOverflowError(LayoutOverflowError, ParallelDimsError):
+    """torchtitan's parallelism degrees (or ``world_size``) need more ranks than a world holds
+    (:data:`~rankmesh.MAX_WORLD_SIZE`, ranks are int32). As in every convention, ``field`` names the
+    degree that overflows the running product of the degrees in argument order (``tp`` for
+    ``tp=2**64``), ``value`` is that degree. A :class:`~rankmesh.LayoutOverflowError`, and, like
+    every error of :class:`rankmesh.ParallelDims`, a :class:`~rankmesh.errors.ParallelDimsError`
+    (an ``AssertionError``, which torchtitan raises for degrees that do not fit the world)."""
 
 
 class MegatronConfigError(ParallelConfigError, AssertionError):

@@ -24,12 +24,14 @@ same invariants, and names every group Megatron creates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rankmesh._check import as_int, positive_int
+from rankmesh._check import as_int, check_degrees, check_str, positive_int
 from rankmesh._lazy import lazy_getattr
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
@@ -39,9 +41,9 @@ from rankmesh.errors import (
     IncompatibleLayoutError,
     InvalidNameError,
     InvalidSizeError,
-    LayoutOverflowError,
     MegatronConfigError,
     ParallelConfigError,
+    RankmeshError,
     RankOutOfRangeError,
     SizeMismatchError,
     SliceOrderError,
@@ -91,7 +93,60 @@ __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
 #: ``initialize_model_parallel``'s default order.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
-_INT32_MAX = 2**31 - 1
+
+# -- order hints: every order a message suggests was tried first --------------------------------
+#: The call that proves a candidate order (set by the outermost call that builds generators, e.g.
+#: model_parallel_layout, so that a RankGenerator's hint also works for that call).
+_ORDER_PROVER: ContextVar[Callable[[str], object] | None] = ContextVar("rankmesh_order_prover", default=None)
+#: True while a candidate is being tried: errors raised inside do not try candidates of their own.
+_PROVING: ContextVar[bool] = ContextVar("rankmesh_proving_order", default=False)
+
+
+@contextmanager
+def _orders_proved_by(apply: Callable[[str], object]) -> Iterator[None]:
+    """Inside, order hints are proved by ``apply(order)`` (unless an outer call already set one)."""
+    token = _ORDER_PROVER.set(_ORDER_PROVER.get() or apply)
+    try:
+        yield
+    finally:
+        _ORDER_PROVER.reset(token)
+
+
+def _first_that_works(candidates: Iterable[Any], apply: Callable[[Any], object]) -> Any:
+    """The first candidate that ``apply`` accepts (raises no RankmeshError), or None when none
+    does, or while another hint is being proved. A hint never suggests what was not tried."""
+    if _PROVING.get():
+        return None
+    token = _PROVING.set(True)
+    try:
+        for c in candidates:
+            try:
+                apply(c)
+            except RankmeshError:
+                continue
+            return c
+        return None
+    finally:
+        _PROVING.reset(token)
+
+
+def _proved_order(candidates: Iterable[Sequence[str]], apply: Callable[[str], object]) -> str | None:
+    """The first candidate order (names, leftmost fastest) that the call being made accepts: the
+    prover of :func:`_orders_proved_by`, else ``apply``."""
+    orders = dict.fromkeys("-".join(c) for c in candidates)
+    return _first_that_works(orders, _ORDER_PROVER.get() or apply)
+
+
+def _order_candidates(names: Sequence[str], missing: Sequence[str] = ()) -> list[list[str]]:
+    """Orders to try for ``names`` (valid, distinct) lacking ``missing``: the missing names put in
+    before pp (pp stays last), then the same with pp moved last, then the default order."""
+    base = list(names)
+    at = base.index("pp") if "pp" in base else len(base)
+    base[at:at] = [n for n in missing if n != "pp"]
+    if "pp" in missing:
+        base.append("pp")
+    pp_last = [n for n in base if n != "pp"] + (["pp"] if "pp" in base else [])
+    return [base, pp_last, DEFAULT_ORDER.split("-")]
 
 
 def _split_names(text: str, field: str) -> list[str]:
@@ -100,6 +155,7 @@ def _split_names(text: str, field: str) -> list[str]:
         raise ArgumentTypeError(
             f"{field} must be a str like 'tp-dp', got {type(text).__name__} {text!r}", field=field, value=text
         )
+    check_str(text, field)
     names = text.lower().split("-")
     for n in names:
         if not n:
@@ -169,10 +225,11 @@ class RankGenerator:
     not the degrees' product (:class:`~rankmesh.SizeMismatchError`), ep
     and cp both > 1 (:class:`MegatronConfigError`, also an ``AssertionError`` as in Megatron), a
     dim of size > 1 missing from ``order`` (:class:`ParallelConfigError`, also a ``RuntimeError``
-    as in Megatron), an unknown name (:class:`UnknownNameError`, also a
-    ``KeyError``), a name twice (:class:`DuplicateNameError`), a negative ``rank_offset``
-    (:class:`InvalidSizeError`; Megatron silently ignores it) or ranks past int32
-    (:class:`LayoutOverflowError`).
+    as in Megatron; its message suggests an order only after building with it), an unknown name
+    (:class:`UnknownNameError`, also a ``KeyError``), a name twice (:class:`DuplicateNameError`), a
+    negative ``rank_offset`` (:class:`InvalidSizeError`; Megatron silently ignores it) or ranks past
+    int32 (:class:`~rankmesh.LayoutOverflowError`, naming the degree whose running product, in
+    argument order, overflows: ``tp`` for ``tp=2**64``; ``rank_offset`` when the degrees fit).
 
     Example (the order ``tp-dp-pp`` of Megatron's own docstring, 16 ranks)::
 
@@ -199,7 +256,7 @@ class RankGenerator:
         *,
         world: MeshLayout | None = None,
     ) -> None:
-        sizes = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+        sizes = {"tp": tp, "ep": ep, "dp": dp, "pp": pp, "cp": cp}  # argument order
         sizes = {k: positive_int(v, k) for k, v in sizes.items()}
         if sizes["ep"] > 1 and sizes["cp"] > 1:
             raise MegatronConfigError(
@@ -218,14 +275,8 @@ class RankGenerator:
                 field="rank_offset",
                 value=self.rank_offset,
             )
-        self.world_size = self.tp * self.dp * self.pp * self.cp * self.ep
-        if self.world_size + self.rank_offset - 1 > _INT32_MAX:
-            raise LayoutOverflowError(
-                f"ranks up to {self.world_size + self.rank_offset - 1} do not fit int32 "
-                f"(world {self.world_size}, rank_offset {self.rank_offset})",
-                field="rank_offset",
-                value=self.rank_offset,
-            )
+        # the degree whose product overflows is named (tp=2**64 blames tp), then rank_offset
+        self.world_size = check_degrees(sizes.items(), rank_offset=self.rank_offset)
         self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp}
 
         names = _split_names(order, "order")
@@ -234,16 +285,25 @@ class RankGenerator:
             if n in seen:
                 raise DuplicateNameError(f"order {order!r} names {n!r} twice", field="order", value=n)
             seen.add(n)
-        for n in MEGATRON_DIMS:
-            if n not in seen:
-                if self.name_to_size[n] != 1:
-                    raise ParallelConfigError(
-                        f"the size of {n} is {self.name_to_size[n]}, but the order {order!r} does not "
-                        f"name it; add {n!r} to the order, e.g. {DEFAULT_ORDER!r}",
-                        field="order",
-                        value=order,
-                    )
-                names.append(n)
+        missing = [n for n in MEGATRON_DIMS if n not in seen and self.name_to_size[n] != 1]
+        if missing:
+            n = missing[0]
+
+            def rebuilt(o: str) -> RankGenerator:
+                return RankGenerator(tp, ep, dp, pp, cp, o, rank_offset, world=world)
+
+            fix = _proved_order(_order_candidates(names, missing), rebuilt)
+            hint = (
+                f"add {', '.join(map(repr, missing))} to the order, e.g. {fix!r}"
+                if fix is not None
+                else f"no order naming {', '.join(map(repr, missing))} works with these degrees; change them"
+            )
+            raise ParallelConfigError(
+                f"the size of {n} is {self.name_to_size[n]}, but the order {order!r} does not name it; {hint}",
+                field="order",
+                value=order,
+            )
+        names += [n for n in MEGATRON_DIMS if n not in seen]
         #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
         self.order = "-".join(names)
         #: Sizes in ``order`` (leftmost fastest), as Megatron's ``ordered_size``.
@@ -277,7 +337,7 @@ class RankGenerator:
     # -- Megatron's API ---------------------------------------------------------------------
     def get_mask(self, order: str, token: str) -> list[bool]:
         """Megatron's mask: ``mask[i]`` is True when the i-th name of ``order`` is in ``token``."""
-        ordered = order.lower().split("-")
+        ordered = _split_names(order, "order")
         mask = [False] * len(ordered)
         for t in self._token_names(token):
             if t not in ordered:
@@ -302,6 +362,7 @@ class RankGenerator:
                     raise ArgumentTypeError(
                         f"token names must be str like 'tp', got {type(n).__name__} {n!r}", field="token", value=n
                     )
+                check_str(n, "token")
                 if n not in MEGATRON_DIMS:
                     raise UnknownNameError(
                         f"token names {n!r}, not one of {', '.join(MEGATRON_DIMS)}", field="token", value=n
@@ -382,6 +443,8 @@ class RankGenerator:
         labels = list(names) if names is not None else ["_".join(k) for k in keys]
         if len(labels) != len(keys):
             raise InvalidNameError(f"{len(labels)} names for {len(keys)} dims", field="names", value=labels)
+        for i, label in enumerate(labels):
+            check_str(label, f"names[{i}]")
         owner: dict[str, int] = {}
         for i, k in enumerate(keys):
             for n in k:
@@ -392,9 +455,9 @@ class RankGenerator:
                         value=n,
                     )
                 owner[n] = i
-        if len(keys) == 1:
+        if len(keys) == 1:  # renamed as unflatten names, so that any name works, as for several dims
             lay = self.layout(keys[0])
-            return lay if labels[0] == lay.names[0] else lay.flatten(labels[0])
+            return lay if labels[0] == lay.names[0] else lay.unflatten(0, lay.shape, labels)
         runs: list[tuple[int | None, int, list[str]]] = []  # (dim index, size, names)
         for n in self.mesh_layout.names:
             i = owner.get(n)
@@ -415,9 +478,17 @@ class RankGenerator:
                     value=dims[i],
                 )
         if seen != sorted(seen):
+            # mesh order is the order the tokens' runs appear in: try it before suggesting it
+            fix_dims, fix_names = [dims[i] for i in seen], [labels[i] for i in seen]
+            fix = _first_that_works([fix_dims], lambda d: self.dims_layout(d, None if names is None else fix_names))
+            if fix is None:
+                hint = "no order of these dims slices this mesh; build them one at a time"
+            elif names is None:
+                hint = f"list them as {fix_dims}"
+            else:
+                hint = f"list them as {fix_dims} with names {fix_names}"
             raise SliceOrderError(
-                f"dims {list(dims)} are not in mesh order (slowest first) for order {self.order!r}; "
-                f"list them as {[dims[i] for i in sorted(seen)]}",
+                f"dims {list(dims)} are not in mesh order (slowest first) for order {self.order!r}; {hint}",
                 field="dims",
                 value=list(dims),
             )
@@ -737,6 +808,8 @@ class ModelParallelLayout:
         return tuple(self._entries)
 
     def _entry(self, name: str) -> _Group:
+        if isinstance(name, str):
+            check_str(name, "name")
         entry = self._entries.get(name) if isinstance(name, str) else None
         if entry is None:
             raise UnknownNameError(
@@ -873,6 +946,14 @@ def model_parallel_layout(
         else positive_int(expert_tensor_parallel_size, "expert_tensor_parallel_size")
     )
     n_do = positive_int(num_distributed_optimizer_instances, "num_distributed_optimizer_instances")
+    # overflows first, each naming the degree that overflows the running product (as
+    # MeshLayout.unflatten names the size), before the degrees are compared with the world
+    check_degrees([("world_size", world_size)])
+    check_degrees(
+        [("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp), ("context_parallel_size", cp)]
+    )
+    etp_field = "tensor_model_parallel_size" if expert_tensor_parallel_size is None else "expert_tensor_parallel_size"
+    check_degrees([(etp_field, etp), ("expert_model_parallel_size", ep), ("pipeline_model_parallel_size", pp)])
 
     model = tp * pp * cp
     if world_size % model:  # SizeMismatchError, a RuntimeError like megatron-core's
@@ -892,26 +973,41 @@ def model_parallel_layout(
                 field="virtual_pipeline_model_parallel_size",
                 value=virtual_pipeline_model_parallel_size,
             )
+    world_arg = world
     if world is None:
         world = MeshLayout.world(world_size)
-    decoder = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order, world=world)
 
-    expert_model = etp * ep * pp
-    if world_size % expert_model:
-        raise SizeMismatchError(
-            f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
-            f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
-            field="world_size",
-            value=world_size,
-        )
-    edp = world_size // expert_model
-    expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
+    def rebuilt(o: str) -> ModelParallelLayout:  # proves an order hint: this call, another order
+        return model_parallel_layout(
+            world_size, tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size,
+            expert_model_parallel_size, expert_tensor_parallel_size, o, num_distributed_optimizer_instances,
+            hierarchical_context_parallel_sizes, virtual_pipeline_model_parallel_size, get_embedding_ranks,
+            get_position_embedding_ranks, world=world_arg,
+        )  # fmt: skip
+
+    def pp_last_hint(fallback: str) -> str:
+        fix = _proved_order(_order_candidates(_split_names(order, "order")), rebuilt)
+        return f"put pp last, e.g. order={fix!r}" if fix is not None else f"no order works here; {fallback}"
+
+    with _orders_proved_by(rebuilt):  # a generator's order hint must work for this call
+        decoder = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order, world=world)
+
+        expert_model = etp * ep * pp
+        if world_size % expert_model:
+            raise SizeMismatchError(
+                f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
+                f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
+                field="world_size",
+                value=world_size,
+            )
+        edp = world_size // expert_model
+        expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
 
     if not (order.lower().endswith("pp") or pp == 1 or edp == dp):
         raise MegatronConfigError(
             f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the "
-            f"attention ({dp}) and MoE ({edp}) layers must be the same; put pp last or make "
-            "expert_tp*ep equal tp*cp",
+            f"attention ({dp}) and MoE ({edp}) layers must be the same; "
+            + pp_last_hint("make expert_tp*ep equal tp*cp"),
             field="order",
             value=order,
         )
@@ -922,7 +1018,7 @@ def model_parallel_layout(
         raise MegatronConfigError(
             "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
             f"with order {order!r} the dense pp groups step by {step(decoder)} ranks and the expert ones "
-            f"by {step(expert)}; put pp last in the order",
+            f"by {step(expert)}; " + pp_last_hint("change the degrees"),
             field="order",
             value=order,
         )

@@ -207,6 +207,7 @@ def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
             raise ArgumentTypeError(
                 f"{field}[{i}] must be a str name, got {type_name(n)} {n!r}", field=f"{field}[{i}]", value=n
             )
+        check_str(n, f"{field}[{i}]")  # valid UTF-8 text (no lone surrogates)
     seen: set[str] = set()
     for n in names:
         if n in seen:
@@ -430,7 +431,11 @@ class FastDeviceMesh(DeviceMesh):
 
     def _groups_for(self, rm: MeshLayout, dims: Sequence[int], overrides: Sequence[BackendConfig]) -> list[str]:
         b = self._builder()
-        pgs = [b.process_group(rm, d, backend=o[0], pg_options=o[1]) for d, o in zip(dims, overrides)]
+        names = rm.names
+        pgs = [
+            b.process_group(rm, d, backend=o[0], pg_options=o[1], mesh_dim_name=names[d])
+            for d, o in zip(dims, overrides)
+        ]
         return self._register(pgs)
 
     def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:  # type: ignore[override]
@@ -488,7 +493,10 @@ class FastDeviceMesh(DeviceMesh):
                 field="mesh_dim_name",
                 value=mesh_dim_name,
             )
-        rm = self._rm_layout.flatten(mesh_dim_name)
+        # torch's root rule (above) decides which names are taken; the Rust layout's own root is
+        # the ("world",) layout it was derived from, whose names torch does not reserve.
+        src = self._rm_layout
+        rm = src.with_modes([[m for i in range(src.ndim) for m in src.modes(i)]], [mesh_dim_name])
         tl = _torch_layout(rm)
         existing = root._flatten_mapping.get(mesh_dim_name)
         if existing is not None:
@@ -523,6 +531,7 @@ class FastDeviceMesh(DeviceMesh):
         own = tuple(self._mesh_dim_names)
         if isinstance(dim, str):
             if dim not in own:
+                check_str(dim, "dim")  # a name that is not UTF-8 text is the wrong type, not unknown
                 raise UnknownNameError(
                     f"dim {dim!r} specified in `_unflatten` is not in {own}; pass one of those names or an index",
                     field="dim",
@@ -628,6 +637,8 @@ def _concatenate(meshes: Sequence[DeviceMesh]) -> FastDeviceMesh | None:
 
 def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
     names = (key,) if isinstance(key, str) else tuple(key)
+    for i, n in enumerate(names):  # a name that is not UTF-8 text is the wrong type, not unknown
+        check_str(n, "mesh_dim_names" if isinstance(key, str) else f"mesh_dim_names[{i}]")
     own = tuple(mesh._mesh_dim_names or ())
     root = mesh._get_root_mesh()
     valid = list(own) + (list(root._flatten_mapping) if mesh is root else [])

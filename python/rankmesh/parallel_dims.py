@@ -31,7 +31,7 @@ torch's ``fake`` backend, which needs no peers (on a gloo job the report says ``
     >>> dist.get_process_group_ranks(pd.get_mesh("fsdp").get_group())  # rank 5's fsdp group
     [5, 7]
     >>> print(pd.build_report)  # doctest: +ELLIPSIS
-    7 process groups created (4 on the default backend 'fake' via new_group, 3 fake for size-1 or ...
+    10 process groups created (4 on the default backend 'fake' via new_group, 6 fake for size-1 or ...
     >>> dist.destroy_process_group()
 """
 
@@ -41,6 +41,7 @@ import hashlib
 import logging
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -48,9 +49,16 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh import _torchtitan as _tt
-from rankmesh._check import as_int
+from rankmesh._check import as_int, check_str
 from rankmesh._native import MeshLayout
-from rankmesh.errors import DistributedStateError, MeshArgumentError, ParallelConfigError, UnknownNameError
+from rankmesh.errors import (
+    ArgumentTypeError,
+    DistributedStateError,
+    DuplicateNameError,
+    MeshArgumentError,
+    ParallelConfigError,
+    UnknownNameError,
+)
 from rankmesh.mesh import init_device_mesh
 from rankmesh.torch_layer import BuildReport, require_default_group
 from rankmesh.torch_layer import check_consistency as _check_consistency
@@ -79,8 +87,10 @@ class ParallelDims:
     torchtitan raises) and a ``ValueError``; degrees that do not multiply to ``world_size`` raise
     its subclass :class:`~rankmesh.errors.ParallelDimsSizeMismatchError`, also a
     :class:`~rankmesh.SizeMismatchError` (rankmesh's one class for that fault in every
-    convention). A degree that is not an int (bool, float, str) raises
-    :class:`~rankmesh.ArgumentTypeError`, a ``TypeError``.
+    convention); a world size, or a running product of the degrees in argument order, beyond
+    :data:`~rankmesh.MAX_WORLD_SIZE` raises :class:`~rankmesh.errors.ParallelDimsOverflowError`
+    naming it (a ``LayoutOverflowError`` too). A degree that is not an int (bool, float, str)
+    raises :class:`~rankmesh.ArgumentTypeError`, a ``TypeError``.
     """
 
     dp_replicate: int
@@ -259,11 +269,29 @@ class ParallelDims:
         """The mesh of one dim name or of several (in mesh order, inside one of the global
         meshes), or None when a named parallelism is disabled (size 1; efsdp: ep == 1).
         Builds the meshes on first use. Unknown names and combinations that no global mesh holds
-        raise ``ValueError``."""
+        raise :class:`~rankmesh.UnknownNameError`, a name given twice
+        :class:`~rankmesh.DuplicateNameError` (torch's slicing raises a ``RuntimeError`` for it:
+        this is one too), each also a ``ValueError`` as in torchtitan; a name that is not a
+        ``str`` of UTF-8 text :class:`~rankmesh.ArgumentTypeError`."""
         if not self._meshes:
             self.build_mesh()
-        if isinstance(dims, str):
-            dims = [dims]
+        one = isinstance(dims, str)
+        if not one and (isinstance(dims, bytes) or not isinstance(dims, Iterable)):
+            raise ArgumentTypeError(
+                f"dims must be a dim name or a list of them, got {type(dims).__name__} {dims!r}",
+                field="dims",
+                value=dims,
+            )
+        dims = [dims] if one else list(dims)
+        for i, mesh_name in enumerate(dims):
+            check_str(mesh_name, "dims" if one else f"dims[{i}]")
+            if mesh_name in dims[:i]:
+                raise DuplicateNameError(
+                    f"mesh dim {mesh_name!r} is named twice in {dims}; name each dim once (torch refuses "
+                    "overlapping dim names, even when the dim is disabled here)",
+                    field="dims",
+                    value=mesh_name,
+                )
         for mesh_name in dims:
             if mesh_name not in self._meshes:
                 raise UnknownNameError(

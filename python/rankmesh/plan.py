@@ -17,7 +17,7 @@ the rule :class:`~rankmesh.torch_layer.MeshBuilder` creates them by
     '[12, 13, 14, 15] (4 ranks)'
     >>> count = count_process_groups(plan)
     >>> count.created, len(count.real), len(count.fake), count.shared()[0]
-    (6, 3, 3, ['dataloading.pp', 'dense.pp', 'sparse.pp'])
+    (10, 4, 6, ['dataloading.pp', 'dense.pp', 'sparse.pp'])
     >>> text = format_plan(plan, 13, plan_topology(plan, 13, gpus_per_node=8))
     >>> print(text.splitlines()[0])
     rankmesh plan: torchtitan convention, world of 64 ranks, rank 13
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rankmesh import _torchtitan as _tt
+from rankmesh._check import check_str
 from rankmesh._groups import DEFAULT, group_key, is_fake
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ParallelConfigError, UnknownNameError
@@ -96,6 +97,7 @@ class Plan:
     def find_dim(self, dim: str) -> tuple[str, str]:
         """``"tp"`` or ``"dense.tp"`` -> (mesh label, dim name): the first mesh where the dim
         has size > 1, else the first holding it. Raises :class:`~rankmesh.errors.UnknownNameError`."""
+        check_str(dim, "dim")
         if "." in dim:
             label, name = dim.split(".", 1)
             lay = self.meshes.get(label)
@@ -261,13 +263,18 @@ class GroupCount:
 def count_process_groups(plan: Plan) -> GroupCount:
     """What rankmesh's torch layer creates for the plan, by its rule
     (:func:`rankmesh._groups.group_key`): dims spanning the world reuse the default group; other
-    dims get one group per distinct partition and backend (fake for count-only and size-1 dims)."""
+    dims get one group per distinct partition and backend (fake for count-only and size-1 dims),
+    and, for the DeviceMesh conventions (torchtitan, single), per dim name."""
     groups: dict[tuple, list[str]] = {}
     default: list[str] = []
     for label, lay in plan.built().items():
         for i, name in enumerate(lay.names):
             tag = plan.tag(label, name)
-            key = group_key(lay, i, world_size=plan.world_size, fake=name in plan.fake.get(label, ()))
+            fake = name in plan.fake.get(label, ())
+            # DeviceMesh dims (torchtitan, single) share a group only under one name; Megatron's
+            # groups are plain process groups, shared by partition.
+            dim_name = None if plan.convention == "megatron" else name
+            key = group_key(lay, i, world_size=plan.world_size, fake=fake, mesh_dim_name=dim_name)
             if key == DEFAULT:
                 default.append(tag)
             else:
@@ -357,7 +364,7 @@ def format_plan(plan: Plan, rank: int, report: TopologyReport) -> str:
     count = count_process_groups(plan)
     w(
         f"\nprocess groups per rank: {count.created} ({len(count.real)} real + {len(count.fake)} fake), "
-        "one per distinct rank partition\n"
+        f"one per distinct rank partition{'' if plan.convention == 'megatron' else ' and dim name'}\n"
     )
     for g in count.shared():
         w(f"  shared: {' = '.join(g)}\n")

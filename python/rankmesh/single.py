@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rankmesh._check import as_int, as_layout, as_rank, positive_int, type_name
+from rankmesh._check import as_int, as_layout, as_rank, check_degrees, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError
 
@@ -128,8 +128,11 @@ def single_mesh(
     ``rank_map`` (a permutation of the ranks, e.g. from
     :func:`rankmesh.topology.rank_map_from_hosts`) places ranks in the world like
     :meth:`MeshLayout.world`. Raises :class:`~rankmesh.ParallelConfigError` for cp > 1 (this
-    convention has no cp dim), :class:`~rankmesh.InvalidSizeError` for a degree < 1 and
-    :class:`~rankmesh.SizeMismatchError` when the degrees do not multiply to the world.
+    convention has no cp dim), :class:`~rankmesh.InvalidSizeError` for a degree < 1,
+    :class:`~rankmesh.LayoutOverflowError` for a world size, or a running product of the degrees in
+    argument order, beyond :data:`~rankmesh.MAX_WORLD_SIZE` (naming the world size or the degree
+    that overflows) and :class:`~rankmesh.SizeMismatchError` when the degrees do not multiply to the
+    world.
     """
     world_size = _degree(world_size, "world_size")
     cp = _degree(cp, "cp")
@@ -147,6 +150,8 @@ def single_mesh(
         "ep": _degree(ep, "ep"),
         "tp": _degree(tp, "tp"),
     }
+    check_degrees([("world_size", world_size)])
+    check_degrees([(n, d) for n, d in deg.items() if d != -1])  # argument order
     others = deg["pp"] * deg["dp_replicate"] * deg["ep"] * deg["tp"]
     if deg["dp_shard"] == -1:
         if world_size % others:

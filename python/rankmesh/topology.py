@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from rankmesh._check import as_bool, as_layout, as_rank, positive_int, type_name
+from rankmesh._check import as_bool, as_layout, as_rank, check_str, positive_int, type_name
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ArgumentTypeError, TopologyError
+from rankmesh.errors import ArgumentTypeError, TopologyError, UnknownNameError
 
 __all__ = [
     "BANDWIDTH_HUNGRY",
@@ -256,6 +256,8 @@ class TopologyReport:
 
 
 def _hungry_names(hungry: Iterable[str]) -> set[str]:
+    """The dim names of the families ``hungry`` names (tp always). An unknown family is an
+    :class:`~rankmesh.UnknownNameError` wherever it is given, strict or not: nothing is ignored."""
     if isinstance(hungry, (str, bytes)) or not isinstance(hungry, Iterable):
         hint = f"; write ({hungry!r},)" if isinstance(hungry, str) else ""
         raise ArgumentTypeError(
@@ -272,9 +274,11 @@ def _hungry_names(hungry: Iterable[str]) -> set[str]:
                 field=f"strict_dims[{i}]",
                 value=h,
             )
+        check_str(h, f"strict_dims[{i}]")
         if h not in BANDWIDTH_HUNGRY:
-            raise TopologyError(
-                f"unknown bandwidth-hungry family {h!r}; choose from {', '.join(BANDWIDTH_HUNGRY)}",
+            raise UnknownNameError(
+                f"unknown bandwidth-hungry family {h!r} in strict_dims; choose from "
+                + ", ".join(f"{k} (dims {'/'.join(v)})" for k, v in BANDWIDTH_HUNGRY.items()),
                 field="strict_dims",
                 value=h,
             )
@@ -334,6 +338,9 @@ def topology_report(
         strict: raise :class:`TopologyError` when a bandwidth-hungry dim spans nodes: tp (and
             etp) always, plus the families in ``strict_dims`` (``"ep"``, ``"cp"``). Strict mode
             checks the hungry dims over the whole world so that every rank agrees.
+        strict_dims: families of :data:`BANDWIDTH_HUNGRY`, checked whether or not ``strict`` is
+            on: a name that is no family raises :class:`~rankmesh.UnknownNameError` (a family
+            that no mesh holds, e.g. ``"cp"`` of a mesh without cp, is fine: nothing spans nodes).
 
     Cost: O(group size) per dim for the caller; O(W) per dim checked over the whole world.
     """
@@ -385,7 +392,9 @@ def topology_report(
                 field="gpus_per_node",
                 value=gpn,
             )
-    hungry = _hungry_names(strict_dims) if strict else set()
+    hungry = _hungry_names(strict_dims)  # checked strict or not: an unknown name is never ignored
+    if not strict:
+        hungry = set()
 
     def nodes(ranks: np.ndarray) -> np.ndarray:
         return node_of[ranks] if node_of is not None else ranks // gpn

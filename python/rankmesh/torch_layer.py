@@ -58,6 +58,7 @@ from rankmesh.errors import (
     ConsistencyTimeoutError,
     DistributedStateError,
     MeshArgumentError,
+    UnknownNameError,
 )
 
 __all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
@@ -233,6 +234,7 @@ class MeshBuilder:
         timeout: datetime.timedelta | None = None,
         group_desc: str | None = None,
         tag: str | None = None,
+        mesh_dim_name: str | None = None,
     ) -> dist.ProcessGroup:
         """This rank's process group in ``dim`` of ``layout``.
 
@@ -245,6 +247,9 @@ class MeshBuilder:
         the same key. A ``tag`` asks for a communicator of its own even when another dim has the
         same partition; ``group_desc`` names a new group (default ``mesh_<dim name>``).
         ``timeout`` is a ``datetime.timedelta`` or seconds (see :func:`rankmesh._check.as_timeout`).
+        ``mesh_dim_name``: the dim belongs to a ``DeviceMesh`` under that name, and shares its group
+        only with dims of the same name (FSDP2 needs distinct groups for distinct meshes; see
+        :mod:`rankmesh._groups`).
         """
         self._check_layout(layout)
         if not isinstance(dim, str):
@@ -252,6 +257,7 @@ class MeshBuilder:
         size = int(layout.size(dim))  # raises DimOutOfRangeError / UnknownNameError
         name = layout.names[dim] if isinstance(dim, int) else dim
         fake = as_bool(fake, "fake")
+        check_str(mesh_dim_name, "mesh_dim_name", optional=True)
         backend, timeout = _check_group_args(backend, timeout, group_desc, tag)
         c = self._counters
         c.dims += 1
@@ -265,6 +271,7 @@ class MeshBuilder:
             size_one_fake=self._size_one_fake,
             timeout=timeout,
             tag=tag,
+            mesh_dim_name=mesh_dim_name,
         )
         if is_fake(key):
             backend, pg_options, timeout = FAKE, None, None
@@ -353,8 +360,13 @@ class MeshBuilder:
         fake_idx = set()
         for i, d in enumerate(fake_dims):
             if isinstance(d, str):
+                check_str(d, f"fake_dims[{i}]")
                 if d not in names:
-                    layout.size(d)  # raises rankmesh's UnknownNameError with the valid names
+                    raise UnknownNameError(
+                        f"fake_dims[{i}] = {d!r} is not a dim of the layout; name one of {names} (or its index)",
+                        field="fake_dims",
+                        value=d,
+                    )
                 fake_idx.add(names.index(d))
             else:
                 d = as_int(d, f"fake_dims[{i}]")
@@ -367,7 +379,7 @@ class MeshBuilder:
 
             return _mesh_from_layout(self, layout, self._device_type, fake_idx)
         # An unknown torch: torch's own DeviceMesh over the same process groups (O(W) per mesh).
-        groups = [self.process_group(layout, i, fake=i in fake_idx) for i in range(len(names))]
+        groups = [self.process_group(layout, i, fake=i in fake_idx, mesh_dim_name=names[i]) for i in range(len(names))]
         mesh = torch.from_numpy(layout.mesh_of(self._rank))
         # Always the n-D form of from_group, also for one dim: the 1-D form re-reads the group's
         # ranks (O(W) in Python for a world-sized group) and rejects a mesh that is not in

@@ -22,14 +22,18 @@ workload trains, ``step`` (forward, backward, optimizer step).
 - torchtitan 0.3.0's own parallelisation (:mod:`rankmesh._titan_workloads`): Llama3 8B's shape
   for every ``spmd_backend``, a MoE model with ep > 1, and the pipeline split with pp > 1.
 
-Example (a 64-rank world seen from rank 35, tp 4, fsdp 8, 2 blocks)::
+Example (a 64-rank world seen from rank 35: tp 4, fsdp 8, so dp_replicate 2; two blocks)::
 
     >>> run = fsdp_tp("rankmesh", 64, rank=35, tp=4, fsdp=8, blocks=2)
-    >>> sorted(run.phases), run.meshes["dp"].mesh.tolist(), run.meshes["tp"].mesh.tolist()
-    (['mesh', 'parallelise'], [[3, 35]], [32, 33, 34, 35])
-    >>> [(n, p) for n, p in param_placements(run.model)][:2]  # doctest: +NORMALIZE_WHITESPACE
-    [('0.0.weight', ('dp', 'tp', '(Replicate(), Shard(dim=0), Shard(dim=0))', (1, 8, 4))),
-     ('0.0.bias', ('dp', 'tp', '(Replicate(), Shard(dim=0), Shard(dim=0))', (1, 8, 4)))]
+    >>> sorted(run.phases), run.meshes["tp"].mesh.tolist()
+    (['mesh', 'parallelise'], [32, 33, 34, 35])
+    >>> run.meshes["dp"].mesh.tolist()  # (dp_replicate, fsdp): HSDP
+    [[3, 7, 11, 15, 19, 23, 27, 31], [35, 39, 43, 47, 51, 55, 59, 63]]
+    >>> name, (*dims, placements, shape) = run.extra["placements"][0]  # a column-parallel weight
+    >>> name, dims, shape
+    ('0.0.weight', ['dp_replicate', 'fsdp', 'tp'], (1024, 256))
+    >>> placements
+    '(Replicate(), _StridedShard(dim=0, sf=4), Shard(dim=0))'
 """
 
 from __future__ import annotations
