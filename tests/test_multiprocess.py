@@ -119,9 +119,10 @@ def _extra_asserts(check: str, got: dict[int, dict]) -> None:
         assert rep["method"] == "new_group"
         if check == "build_A":
             # dp_replicate=2, dp_shard=2, tp=2: real groups for tp, loss (batch x cp),
-            # dp_replicate and fsdp; batch and efsdp (ep == 1) are fake, as are the size-1 dims.
+            # dp_replicate and fsdp; batch and efsdp (ep == 1) are fake, as are the size-1 dims
+            # (pp, cp, ep, etp), one fake group per dim name.
             assert rep["real"] == 4, rep
-            assert rep["by_backend"] == {"gloo": 4, "fake": 3}, rep
+            assert rep["by_backend"] == {"gloo": 4, "fake": 6}, rep
     if check == "mismatch":
         for d in got.values():
             assert d["raised"] == "ConfigMismatchError"
