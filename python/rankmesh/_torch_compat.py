@@ -28,6 +28,11 @@ wherever DTensor compares it). The patch hands the call to rankmesh only when ev
 rankmesh mesh of one world, and calls torch's own function otherwise; it is installed once, by
 the first fast mesh of a process, and only on a torch whose ``_concatenate`` the self-check
 recognises.
+
+Process groups: :mod:`rankmesh._fast_groups` holds every read and write of c10d's private group
+registry (``_new_process_group_helper``, ``_world``'s tables and counter, the hashed-name
+scheme), with its own start-up probe; a torch it does not recognise gets torch's own
+``new_group``.
 """
 
 from __future__ import annotations

@@ -213,9 +213,10 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     except ImportError:  # pragma: no cover - matplotlib is optional
         return
     names = sorted({r["workload"] for r in rows})
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 6))
+    cmap = plt.get_cmap("tab20")
     for i, name in enumerate(names):
-        color = f"C{i}"
+        color = cmap(i % 20)
         for impl, style in (("torch", "--"), ("rankmesh", "-")):
             pts = sorted((r["world"], r["total_s"]) for r in rows if r["workload"] == name and r["impl"] == impl)
             if pts:
@@ -225,10 +226,10 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("mesh + parallelise (+ step), seconds per rank")
+    ax.set_ylabel("mesh + parallelise (+ step), s per rank; dashed: stock")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=1, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
