@@ -11,6 +11,10 @@ backend, a group on the default backend and one overridden to ``"fake"`` are ind
 check which dims are fake run their worlds on ``meshfake``: groups on the default backend report
 ``"meshfake"`` and overridden ones ``"fake"``.
 
+Fixtures: ``count_plain_meshes`` (the torch ``DeviceMesh`` constructions a test makes: each one
+runs ``tolist()`` over its rank map) and ``small_world`` (rank 3 of an 8-rank fake world with a
+builder, a 2x4 layout and a fast DeviceMesh of it; the malformed-input tests' set-up).
+
 ``meshfakesplit``: the same group registered for ``cpu`` and ``cuda``, for the ``split_group``
 path on CPU: a default group bound to ``cuda`` (as ``device_id=`` binds NCCL's) needs a backend
 for ``cuda``; torch 2.15's fake group can split, 2.13's cannot.
@@ -50,6 +54,37 @@ def fake_world(world_size: int, rank: int, backend: str = FAKE) -> Iterator[Any]
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.fixture
+def count_plain_meshes(monkeypatch):
+    """The types of torch ``DeviceMesh`` objects constructed while the test runs (rankmesh's fast
+    meshes never call ``DeviceMesh.__init__``)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    made: list[type] = []
+    init = DeviceMesh.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(type(self))
+        return init(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceMesh, "__init__", counting_init)
+    return made
+
+
+@pytest.fixture
+def small_world():
+    """Rank 3 of an 8-rank fake world: a builder, a 2x4 layout, a fast DeviceMesh of it."""
+    from rankmesh import MeshLayout
+    from rankmesh.mesh import init_device_mesh
+    from rankmesh.torch_layer import MeshBuilder
+
+    with fake_world(8, 3):
+        layout = MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp"))
+        builder = MeshBuilder(MeshLayout.world(8))
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        yield {"layout": layout, "builder": builder, "mesh": mesh}
 
 
 def pytest_configure(config) -> None:

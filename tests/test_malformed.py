@@ -82,16 +82,6 @@ def expect(fn, cls, field, value):
     return e
 
 
-@pytest.fixture
-def world():
-    """Rank 3 of an 8-rank fake world: a builder, a 2x4 layout, a FastDeviceMesh of it."""
-    with fake_world(W, RANK):
-        layout = MeshLayout.world(W).unflatten("world", (2, 4), ("dp", "tp"))
-        builder = MeshBuilder(MeshLayout.world(W))
-        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
-        yield {"layout": layout, "builder": builder, "mesh": mesh}
-
-
 LAYOUT = MeshLayout.world(W).unflatten("world", (2, 4), ("dp", "tp"))
 
 
@@ -120,34 +110,34 @@ BAD_GROUPS = ["world", 0, -100, OBJ, [None], 1.0]
 
 
 @pytest.mark.parametrize("fp", BAD_FINGERPRINT_TYPES, ids=repr)
-def test_fingerprint_that_is_not_an_integer(world, fp):
+def test_fingerprint_that_is_not_an_integer(small_world, fp):
     expect(lambda: check_consistency(fp), ArgumentTypeError, "fingerprint", fp)
 
 
 @pytest.mark.parametrize("fp", BAD_FINGERPRINT_RANGE, ids=repr)
-def test_fingerprint_outside_64_bits(world, fp):
+def test_fingerprint_outside_64_bits(small_world, fp):
     expect(lambda: check_consistency(fp), LayoutOverflowError, "fingerprint", fp)
 
 
 @pytest.mark.parametrize("timeout", BAD_TIMEOUT_TYPES, ids=repr)
-def test_timeout_of_the_wrong_type(world, timeout):
+def test_timeout_of_the_wrong_type(small_world, timeout):
     expect(lambda: check_consistency(1, timeout=timeout), ArgumentTypeError, "timeout", timeout)
 
 
 @pytest.mark.parametrize("timeout", BAD_TIMEOUT_VALUES, ids=repr)
-def test_timeout_that_is_no_usable_duration(world, timeout):
+def test_timeout_that_is_no_usable_duration(small_world, timeout):
     expect(lambda: check_consistency(1, timeout=timeout), InvalidTimeoutError, "timeout", timeout)
 
 
 @pytest.mark.parametrize("group", BAD_GROUPS, ids=repr)
-def test_group_that_is_not_a_process_group(world, group):
+def test_group_that_is_not_a_process_group(small_world, group):
     e = expect(lambda: check_consistency(1, group=group), ArgumentTypeError, "group", group)
     if group == -100:
         assert "not in the group" in str(e)  # GroupMember.NON_GROUP_MEMBER
 
 
 @pytest.mark.parametrize("timeout", [5, 0.5, np.float32(2.0), datetime.timedelta(seconds=3), 10**6])
-def test_good_timeouts_and_groups_pass(world, timeout):
+def test_good_timeouts_and_groups_pass(small_world, timeout):
     check_consistency(2**64 - 1, timeout=timeout)
     check_consistency(np.uint64(7), group=dist.group.WORLD, timeout=timeout)
 
@@ -263,22 +253,22 @@ def test_local_world_size_digits_and_unset(monkeypatch):
 
 
 @pytest.mark.parametrize("bad", NOT_INTS_NOR_NONE, ids=repr)
-def test_builder_rank_that_is_not_an_int(world, bad):
+def test_builder_rank_that_is_not_an_int(small_world, bad):
     expect(lambda: MeshBuilder(MeshLayout.world(W), rank=bad), ArgumentTypeError, "rank", bad)
 
 
-def test_builder_rank_of_another_process(world):
+def test_builder_rank_of_another_process(small_world):
     expect(lambda: MeshBuilder(MeshLayout.world(W), rank=4), DistributedStateError, "rank", 4)
 
 
 @pytest.mark.parametrize("bad", NOT_FLAGS, ids=repr)
-def test_builder_size_one_fake_is_a_bool(world, bad):
+def test_builder_size_one_fake_is_a_bool(small_world, bad):
     expect(lambda: MeshBuilder(MeshLayout.world(W), size_one_fake=bad), ArgumentTypeError, "size_one_fake", bad)
     expect(lambda: init_device_mesh("cpu", (8,), size_one_fake=bad), ArgumentTypeError, "size_one_fake", bad)
 
 
 @pytest.mark.parametrize("bad", [1, None, b"cpu", OBJ], ids=repr)
-def test_builder_device_type_is_a_str(world, bad):
+def test_builder_device_type_is_a_str(small_world, bad):
     expect(lambda: MeshBuilder(MeshLayout.world(W), device_type=bad), ArgumentTypeError, "device_type", bad)
 
 
@@ -297,13 +287,14 @@ def test_builder_device_type_is_a_str(world, bad):
     ],
     ids=repr,
 )
-def test_subset_group_members(world, members, cls, field, value):
-    expect(lambda: world["builder"].subset_group("p", members, name="x"), cls, field, value)
+def test_subset_group_members(small_world, members, cls, field, value):
+    expect(lambda: small_world["builder"].subset_group("p", members, name="x"), cls, field, value)
 
 
-def test_subset_group_members_listing_a_rank_twice(world):
+def test_subset_group_members_listing_a_rank_twice(small_world):
     members = [3, 3, 4]
-    e = expect(lambda: world["builder"].subset_group("p", members, name="x"), DistributedStateError, "members", members)
+    b = small_world["builder"]
+    e = expect(lambda: b.subset_group("p", members, name="x"), DistributedStateError, "members", members)
     assert e.value is members and "twice" in str(e)
 
 
@@ -323,10 +314,10 @@ def test_subset_group_members_listing_a_rank_twice(world):
     ],
     ids=repr,
 )
-def test_subset_group_arguments(world, kwargs, cls, field, value):
+def test_subset_group_arguments(small_world, kwargs, cls, field, value):
     kw = {"partition": "p", "name": "x"} | kwargs
     partition = kw.pop("partition")
-    expect(lambda: world["builder"].subset_group(partition, [3, 4], **kw), cls, field, value)
+    expect(lambda: small_world["builder"].subset_group(partition, [3, 4], **kw), cls, field, value)
 
 
 @pytest.mark.parametrize(
@@ -346,12 +337,12 @@ def test_subset_group_arguments(world, kwargs, cls, field, value):
     ],
     ids=repr,
 )
-def test_process_group_arguments(world, dim, kwargs, cls, field, value):
-    expect(lambda: world["builder"].process_group(world["layout"], dim, **kwargs), cls, field, value)
+def test_process_group_arguments(small_world, dim, kwargs, cls, field, value):
+    expect(lambda: small_world["builder"].process_group(small_world["layout"], dim, **kwargs), cls, field, value)
 
 
-def test_process_group_timeout_in_seconds_equals_the_timedelta(world):
-    b, lay = world["builder"], world["layout"]
+def test_process_group_timeout_in_seconds_equals_the_timedelta(small_world):
+    b, lay = small_world["builder"], small_world["layout"]
     pg = b.process_group(lay, "tp", timeout=30)
     assert b.process_group(lay, "tp", timeout=datetime.timedelta(seconds=30)) is pg
 
@@ -369,11 +360,11 @@ def test_process_group_timeout_in_seconds_equals_the_timedelta(world):
     ],
     ids=repr,
 )
-def test_device_mesh_fake_dims(world, fake_dims, cls, field, value):
-    expect(lambda: world["builder"].device_mesh(world["layout"], fake_dims=fake_dims), cls, field, value)
+def test_device_mesh_fake_dims(small_world, fake_dims, cls, field, value):
+    expect(lambda: small_world["builder"].device_mesh(small_world["layout"], fake_dims=fake_dims), cls, field, value)
     if cls is ArgumentTypeError:  # SingleMesh.device_mesh passes them on unchanged (no tuple("tp"))
         sm = single_mesh(8, tp=4)
-        expect(lambda: sm.device_mesh(world["builder"], fake_dims=fake_dims), cls, field, value)
+        expect(lambda: sm.device_mesh(small_world["builder"], fake_dims=fake_dims), cls, field, value)
 
 
 # -- 5. a MeshLayout where one is needed -------------------------------------------------------------
@@ -382,8 +373,8 @@ NOT_LAYOUTS = ["world", 8, None, np.arange(8), [0, 1, 2, 3], OBJ]
 
 
 @pytest.mark.parametrize("bad", NOT_LAYOUTS, ids=lambda v: type(v).__name__)
-def test_layout_arguments(world, bad):
-    b = world["builder"]
+def test_layout_arguments(small_world, bad):
+    b = small_world["builder"]
     expect(lambda: MeshBuilder(bad), ArgumentTypeError, "world", bad)
     expect(lambda: b.process_group(bad, 0), ArgumentTypeError, "layout", bad)
     expect(lambda: b.device_mesh(bad), ArgumentTypeError, "layout", bad)
@@ -432,13 +423,13 @@ def test_topology_hostnames(hostnames, cls, field, value):
     expect(lambda: topology_report(LAYOUT, rank=0, hostnames=hostnames), cls, field, value)
 
 
-def test_single_helpers(world):
+def test_single_helpers(small_world):
     sm = single_mesh(8, dp_replicate=2, tp=4)
     expect(lambda: get_dp_info(sm.layout), ArgumentTypeError, "rank", None)
     expect(lambda: get_dp_info(sm.layout, rank=1.0), ArgumentTypeError, "rank", 1.0)
     expect(lambda: get_dp_info(sm, rank=8), RankOutOfRangeError, "rank", 8)
     expect(lambda: sm.device_mesh("builder"), ArgumentTypeError, "builder", "builder")
-    dm = sm.device_mesh(world["builder"])
+    dm = sm.device_mesh(small_world["builder"])
     expect(lambda: get_dp_info(dm, rank=5), DistributedStateError, "rank", 5)
     expect(lambda: get_dp_info(dm, rank=3.0), ArgumentTypeError, "rank", 3.0)
     assert get_dp_info(dm, rank=3) == get_dp_info(sm, rank=3)
@@ -498,7 +489,7 @@ def test_single_helpers(world):
     ],
     ids=repr,
 )
-def test_init_device_mesh_arguments(world, args, kwargs, cls, field, value):
+def test_init_device_mesh_arguments(small_world, args, kwargs, cls, field, value):
     expect(lambda: init_device_mesh(*args, **kwargs), cls, field, value)
 
 
@@ -525,8 +516,8 @@ def test_init_device_mesh_arguments(world, args, kwargs, cls, field, value):
     ],
     ids=repr,
 )
-def test_unflatten_arguments(world, args, kwargs, cls, field, value):
-    expect(lambda: world["mesh"]._unflatten(*args, **kwargs), cls, field, value)
+def test_unflatten_arguments(small_world, args, kwargs, cls, field, value):
+    expect(lambda: small_world["mesh"]._unflatten(*args, **kwargs), cls, field, value)
 
 
 def test_unflatten_and_flatten_without_names():
@@ -550,11 +541,11 @@ def test_unflatten_and_flatten_without_names():
     ],
     ids=repr,
 )
-def test_flatten_arguments(world, kwargs, cls, field, value):
+def test_flatten_arguments(small_world, kwargs, cls, field, value):
     from rankmesh.errors import DuplicateNameError
 
     cls = DuplicateNameError if cls is ANY else cls
-    expect(lambda: world["mesh"]["dp"]._flatten(**kwargs), cls, field, value)
+    expect(lambda: small_world["mesh"]["dp"]._flatten(**kwargs), cls, field, value)
 
 
 @pytest.mark.parametrize(
@@ -569,12 +560,12 @@ def test_flatten_arguments(world, kwargs, cls, field, value):
     ],
     ids=repr,
 )
-def test_slice_keys(world, key, field, value):
-    expect(lambda: world["mesh"][key], ArgumentTypeError, field, value)
+def test_slice_keys(small_world, key, field, value):
+    expect(lambda: small_world["mesh"][key], ArgumentTypeError, field, value)
 
 
-def test_good_inputs_still_work(world):
-    m = world["mesh"]
+def test_good_inputs_still_work(small_world):
+    m = small_world["mesh"]
     assert m["dp", "tp"] is m and m[["dp"]].mesh.tolist() == m["dp"].mesh.tolist()
     assert m._unflatten(np.int64(1), (np.int32(2), 2), ("x", "y")).mesh_dim_names == ("dp", "x", "y")
     assert init_device_mesh("cpu", torch.Size([2, 4]), backend_override={np.int64(0): FAKE}).shape == (2, 4)
@@ -641,7 +632,7 @@ SLOTS = {
 
 
 @pytest.mark.parametrize("slot", list(SLOTS))
-def test_nothing_untyped_escapes(world, slot, monkeypatch):
+def test_nothing_untyped_escapes(small_world, slot, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     fn = SLOTS[slot]
     skip = TORCH_FIRST.get(slot, lambda v: False)
@@ -649,7 +640,7 @@ def test_nothing_untyped_escapes(world, slot, monkeypatch):
         if skip(v):
             continue
         try:
-            fn(world, v)
+            fn(small_world, v)
         except RankmeshError as e:
             assert e.field, (slot, v, e)  # every error names its field
         except Exception as e:  # noqa: BLE001 - the point of the test

@@ -43,7 +43,6 @@ from rankmesh.parallel_dims import ParallelDims
 from rankmesh.plan import build_plan
 from rankmesh.single import single_mesh
 from rankmesh.topology import topology_report
-from rankmesh.torch_layer import MeshBuilder
 
 from tests.conftest import fake_world
 
@@ -65,16 +64,6 @@ def expect(fn, cls, field, value) -> RankmeshError:
     return e
 
 
-@pytest.fixture
-def world():
-    """Rank 3 of an 8-rank fake world: a builder, a 2x4 layout, a fast DeviceMesh of it."""
-    with fake_world(W, RANK):
-        layout = MeshLayout.world(W).unflatten("world", (2, 4), ("dp", "tp"))
-        builder = MeshBuilder(MeshLayout.world(W))
-        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
-        yield {"layout": layout, "builder": builder, "mesh": mesh}
-
-
 def _dp_tp() -> MeshLayout:
     return MeshLayout.world(W).unflatten("world", (2, 4), ("dp", "tp"))
 
@@ -82,7 +71,7 @@ def _dp_tp() -> MeshLayout:
 # -- 1. a flatten name the root already uses ----------------------------------------------------
 
 
-def test_1_flatten_name_taken_by_the_root_is_a_duplicate_name_error(world):
+def test_1_flatten_name_taken_by_the_root_is_a_duplicate_name_error(small_world):
     m = _dp_tp()
     # the issue's case, and every layout derived from the world, however deep: the root is the
     # world, named "world" (as torch's DeviceMesh._unflatten keeps the root)
@@ -110,7 +99,7 @@ def test_1_flatten_name_taken_by_the_root_is_a_duplicate_name_error(world):
     # the fast DeviceMesh (rankmesh.mesh) refuses the root's names too
     fast = init_device_mesh("cpu", (W,), mesh_dim_names=("world",))._unflatten(0, (2, 4), ("dp", "tp"))
     expect(lambda: fast["dp"]._flatten("world"), DuplicateNameError, "mesh_dim_name", "world")
-    expect(lambda: world["mesh"]["dp"]._flatten("tp"), DuplicateNameError, "mesh_dim_name", "tp")
+    expect(lambda: small_world["mesh"]["dp"]._flatten("tp"), DuplicateNameError, "mesh_dim_name", "tp")
     # torchtitan's flattened loss dim is chosen under the same rule
     from rankmesh import _torchtitan as tt
 
@@ -193,9 +182,9 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
 # -- 3. a dim name that no mesh holds is never ignored -------------------------------------------
 
 
-def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(world, capsys, monkeypatch):
+def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", str(W))  # HyperCommGrid's world
-    lay, builder = world["layout"], world["builder"]
+    lay, builder = small_world["layout"], small_world["builder"]
     g = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
     m = model_parallel_layout(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     grid = HyperCommGrid([2, 4], ["tp", "dp"])
@@ -240,9 +229,9 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(world, capsys, m
 # -- 4. names that are not valid UTF-8 text -------------------------------------------------------
 
 
-def test_4_a_name_that_is_not_utf8_text_is_an_argument_type_error_naming_the_field(world, monkeypatch):
+def test_4_a_name_that_is_not_utf8_text_is_an_argument_type_error_naming_the_field(small_world, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", str(W))  # HyperCommGrid's world
-    lay, builder, mesh = world["layout"], world["builder"], world["mesh"]
+    lay, builder, mesh = small_world["layout"], small_world["builder"], small_world["mesh"]
     g = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
     m = model_parallel_layout(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     grid = HyperCommGrid([2, 4], ["tp", "dp"])

@@ -20,7 +20,6 @@ import torch.distributed as dist  # noqa: E402
 from rankmesh import _titan_workloads as tw  # noqa: E402
 from rankmesh import _torch_compat  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
-from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 pytestmark = [
@@ -88,19 +87,6 @@ def test_one_d_meshes_equal_stocks_while_the_world_is_up():
                 got[impl] = None if run is None else _one_d(run)
         if not _same_failure(failed["torch"], failed["rankmesh"]):
             assert got["rankmesh"] == got["torch"], backend
-
-
-@pytest.fixture
-def count_plain_meshes(monkeypatch):
-    made = []
-    init = DeviceMesh.__init__
-
-    def counting_init(self, *args, **kwargs):
-        made.append(type(self))
-        return init(self, *args, **kwargs)
-
-    monkeypatch.setattr(DeviceMesh, "__init__", counting_init)
-    return made
 
 
 @pytest.mark.parametrize("name", BIG_WORKLOADS)

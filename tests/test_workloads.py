@@ -21,7 +21,6 @@ import torch.distributed as dist  # noqa: E402
 from rankmesh import _torch_compat  # noqa: E402
 from rankmesh import workloads as wl  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
-from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from tests.conftest import fake_world  # noqa: E402
@@ -35,20 +34,6 @@ BIG = 1 << 20
 SMALL = 1 << 12
 # workload -> how many times per kind its one world may materialise the rank map
 ALLOWED = {"fsdp_tp": 0, "train_step": 0, "compile": 1}
-
-
-@pytest.fixture
-def count_plain_meshes(monkeypatch):
-    """Counts torch's own DeviceMesh constructions (each a tolist() over its rank map)."""
-    made = []
-    init = DeviceMesh.__init__
-
-    def counting_init(self, *args, **kwargs):
-        made.append(type(self))
-        return init(self, *args, **kwargs)
-
-    monkeypatch.setattr(DeviceMesh, "__init__", counting_init)
-    return made
 
 
 @pytest.mark.parametrize("name", sorted(wl.WORKLOADS))

@@ -293,6 +293,25 @@ def _run_worker(args: list[str]) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def results_dir(out: Path | None) -> Path:
+    """Where results go: ``out``, else ``benches/results`` of the repository rankmesh runs from,
+    else ``./bench-results``; created."""
+    if out is None:
+        repo = Path(__file__).resolve().parents[2]
+        out = repo / "benches" / "results" if (repo / "benches").is_dir() else Path("bench-results")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def parse_worlds(p: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--worlds`` (comma-separated log2 sizes) as world sizes; a parser error otherwise."""
+    try:
+        return [1 << int(x) for x in text.split(",")]
+    except ValueError:
+        p.error(f"--worlds must be comma-separated integers (log2 sizes), got {text!r}")
+        raise  # pragma: no cover - p.error exits
+
+
 def _fmt_s(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
 
@@ -440,10 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_split_call(args.world)))
         return 0
 
-    try:
-        worlds = [1 << int(x) for x in args.worlds.split(",")]
-    except ValueError:
-        p.error(f"--worlds must be comma-separated integers (log2 sizes), got {args.worlds!r}")
+    worlds = parse_worlds(p, args.worlds)
     bad = [w for w in worlds if w < 256 or w > 2**30]
     if bad:
         p.error(f"--worlds: sizes must be between 2^8 and 2^30 for this config, got {bad}")
@@ -488,11 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     split_calls = []
     if "split_group" in paths:
         split_calls = [_run_worker(["--split-call", "--world", str(w)]) for w in worlds]
-    out = args.out
-    if out is None:
-        repo = Path(__file__).resolve().parents[2]
-        out = repo / "benches" / "results" if (repo / "benches").is_dir() else Path("bench-results")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir(args.out)
     import torch
 
     tv = torch.__version__.split("+")[0]

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from rankmesh.bench import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb
+from rankmesh.bench import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, parse_worlds, results_dir
 
 IMPLS = ("torch", "rankmesh")
 DEFAULT_WORLDS = "12,17,20"
@@ -260,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(measure(args.worker, args.workload[0], args.world)))
         return 0
-    try:
-        worlds = [1 << int(x) for x in args.worlds.split(",")]
-    except ValueError:
-        p.error(f"--worlds must be comma-separated integers (log2 sizes), got {args.worlds!r}")
+    worlds = parse_worlds(p, args.worlds)
     names = args.workload or sorted(known)
     impls = args.impl or list(IMPLS)
     samples = []
@@ -285,11 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s['process_groups']} PGs",
                         file=sys.stderr,
                     )
-    out = args.out
-    if out is None:
-        repo = Path(__file__).resolve().parents[2]
-        out = repo / "benches" / "results" if (repo / "benches").is_dir() else Path("bench-results")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir(args.out)
     import torch
 
     tv = torch.__version__.split("+")[0]
