@@ -8,8 +8,8 @@ the single-rank paths run there: every dim of a 1-rank world is world-sized (the
 or size 1 (fake), so no ``split_group`` happens. ``test_split_group_really_runs_on_one_gpu``
 covers that case: in a 1-rank NCCL world it asks for groups that are neither (a tag of their
 own, a backend override with ``size_one_fake=False``, a one-member subset group), spies on
-``dist.split_group`` to see each made by a real split, and all-reduces over them. Its body also
-runs without a GPU, on a fake backend whose default group is bound to ``cuda:0``
+``dist.split_group`` and rankmesh's own split to see each made by a real split, and all-reduces
+over them. Its body also runs without a GPU, on a fake backend whose default group is bound to ``cuda:0``
 (``test_split_group_path_on_a_fake_one_rank_world``).
 
 On a multi-node CUDA cluster, run the same worker with torchrun on every node, writing to a
@@ -68,22 +68,33 @@ def split_groups_on_a_world_of_one(device: torch.device, monkeypatch) -> None:
     """In a one-rank world whose default group is bound to a device (MeshBuilder's split_group
     path), the groups that are not the default group even there: a world-sized dim with a tag
     of its own, a size-1 dim with a backend override (``size_one_fake=False``) and a one-member
-    subset group. Each must come from a real ``dist.split_group`` call (spied on, not replaced)
-    of ``split_ranks=[[0]]``, be a one-rank group on the default backend, and carry an
+    subset group. Each must come from a real split of the default group (spied on, not
+    replaced) of the ranks ``[0]``: rankmesh's own (``rankmesh._fast_groups._split``, which calls
+    the backend's ``ProcessGroup.split_group``) where its start-up probe passed, else torch's
+    ``dist.split_group``. Each is a one-rank group on the default backend, and carries an
     all_reduce (tensors on ``device``); asking again gives the same groups without a new split."""
     from rankmesh import MeshLayout
+    from rankmesh import _fast_groups as fg
     from rankmesh.torch_layer import MeshBuilder
 
     calls = []
-    real_split_group = dist.split_group
+    default = dist.distributed_c10d._get_default_group()
+    real_split_group, real_split = dist.split_group, fg._split
 
-    def spy(*args, **kwargs):
+    def spy(*args, **kwargs):  # torch's split_group (the probe splits a one-rank fake parent: not counted)
         pg = real_split_group(*args, **kwargs)
-        calls.append((kwargs.get("split_ranks"), pg))
+        if kwargs.get("parent_pg") in (None, default):
+            calls.append(("torch", kwargs.get("split_ranks"), pg))
+        return pg
+
+    def spy_own(parent, ranks, *args, **kwargs):
+        pg = real_split(parent, ranks, *args, **kwargs)
+        if parent is default:
+            calls.append(("rankmesh", [ranks.tolist()], pg))
         return pg
 
     monkeypatch.setattr(dist, "split_group", spy)
-    default = dist.distributed_c10d._get_default_group()
+    monkeypatch.setattr(fg, "_split", spy_own)
     backend = dist.get_backend(default)
     world = MeshLayout.world(1)
     mesh = world.unflatten("world", (1, 1), ("dp", "tp"))
@@ -94,8 +105,9 @@ def split_groups_on_a_world_of_one(device: torch.device, monkeypatch) -> None:
         builder.process_group(mesh, "tp", backend=backend),
         builder.subset_group("solo", [0], name="solo", backend=backend),
     ]
-    assert [ranks for ranks, _ in calls] == [[[0]]] * 3, calls
-    assert all(made is pg for (_, made), pg in zip(calls, groups, strict=True))
+    who = "rankmesh" if fg.uses_fast_split() else "torch"
+    assert [(by, ranks) for by, ranks, _ in calls] == [(who, [[0]])] * 3, calls
+    assert all(made is pg for (_, _, made), pg in zip(calls, groups, strict=True))
     report = builder.report()
     assert (report.method, report.real, report.fake, report.reused_default) == ("split_group", 3, 0, 0), report
     for pg in groups:

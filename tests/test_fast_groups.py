@@ -14,12 +14,15 @@ ranks and rank table computed by rankmesh (issue 17). Torch is the oracle:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import warnings
 
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -27,7 +30,7 @@ from rankmesh import _fast_groups as fg  # noqa: E402
 from rankmesh._native import hashed_group_name  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
-from tests.conftest import FAKE, MESHFAKE, fake_world  # noqa: E402
+from tests.conftest import FAKE, MESHFAKE, SPLITFAKE, fake_world  # noqa: E402
 
 
 def _entries(pg):
@@ -140,3 +143,164 @@ def test_native_group_name_equals_torchs_hash():
     with fake_world(64, 1):
         for ranks in ([1], [0, 1, 2], list(range(1, 64, 2))):
             assert hashed_group_name(np.asarray(ranks, dtype=np.int32), fg._salt()) == c10d._hash_ranks_to_str(ranks)
+
+
+# -- the split_group path ----------------------------------------------------------------------
+
+needs_fast_split = pytest.mark.skipif(
+    fg.SPLIT_SHAPE is None,
+    reason=f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces (2.15's); "
+    "its split path is torch's own call, and its fake backend cannot split",
+)
+
+
+@contextlib.contextmanager
+def bound_fake_world(world: int, rank: int):
+    """A fake world whose default group can split (``meshfakesplit``: cpu and cuda) and is bound
+    to a device, as ``init_process_group(device_id=...)`` binds it: MeshBuilder's split path."""
+    with fake_world(world, rank, SPLITFAKE) as default:
+        default.bound_device_id = torch.device("cuda", 0)
+        yield default
+
+
+@needs_fast_split
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(1, 17).flatmap(
+        lambda log: st.tuples(
+            st.just(1 << log),
+            st.integers(0, (1 << log) - 1),
+            st.sets(st.integers(0, (1 << log) - 1), max_size=40),
+        )
+    ),
+    st.sampled_from([None, datetime.timedelta(seconds=7), datetime.timedelta(minutes=3)]),
+    st.sampled_from([None, "mesh_tp", "rankmesh x"]),
+    st.integers(0, 3),
+)
+def test_registry_entries_equal_torchs_split_group(world_rank_members, timeout, desc, warmup):
+    world, rank, others = world_rank_members
+    members = np.asarray(sorted(others | {rank}), dtype=np.int32)
+    with bound_fake_world(world, rank) as default:
+        for _ in range(warmup):  # move the counters first
+            dist.new_group([rank], use_local_synchronization=True)
+        assert fg.uses_fast_split()
+        extra = {} if timeout is None else {"timeout": timeout}
+        w = c10d._world
+        want = hashed_group_name(members, fg._salt())
+        count = w.group_count
+        theirs = dist.split_group(split_ranks=[members.tolist()], group_desc=desc, **extra)
+        torch_step = w.group_count - count
+        assert w.pg_names[theirs] == want
+        count = w.group_count
+        ours = fg.split_member_group(members, timeout=timeout, group_desc=desc)
+        assert w.group_count - count == torch_step
+        a, b = _entries(ours), _entries(theirs)
+        if desc is None:  # torch's default description counts the parent's splits: ours came next
+            stem, n = b["desc"].rsplit(":", 1)
+            assert b["desc"] == f"{default.group_desc}:split:{n}"
+            b["desc"] = f"{stem}:{int(n) + 1}"
+        assert a == b
+        assert ours is not theirs and w.pg_names[ours] != w.pg_names[theirs]
+        cpu = torch.device("cpu")
+        assert ours._get_backend(cpu).options._timeout == theirs._get_backend(cpu).options._timeout
+        assert dist.get_process_group_ranks(ours) == members.tolist()
+        assert dist.get_group_rank(ours, rank) == members.tolist().index(rank)
+        assert dist.get_global_rank(ours, 0) == int(members[0])
+        assert c10d._resolve_process_group(ours.group_name) is ours
+        dist.destroy_process_group(ours)
+        assert ours not in w.pg_names and ours not in w.pg_group_ranks
+
+
+def _names_after_split_build(world: int, rank: int) -> list[str]:
+    """A torchtitan-style build on the split path on this rank, then a plain new_group of all
+    ranks: the group names in creation order, and the counter."""
+    from rankmesh import ParallelDims
+
+    with bound_fake_world(world, rank):
+        pd = ParallelDims(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1, world_size=world)
+        pd.build_mesh(device_type="cpu")
+        assert pd.build_report.method == "split_group"
+        later = dist.new_group(list(range(world)))
+        w = c10d._world
+        return [w.pg_names[pg] for pg in w.pg_names] + [later.group_name, str(w.group_count)]
+
+
+@needs_fast_split
+@pytest.mark.parametrize("world", [1 << 10, 1 << 17])
+def test_split_names_and_counters_agree_on_every_rank_and_with_torchs_own_calls(world, monkeypatch):
+    ranks = [0, 5, world // 2 + 3, world - 1]
+    calls = []
+    real = fg._split
+    monkeypatch.setattr(fg, "_split", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    fast = {r: _names_after_split_build(world, r) for r in ranks}
+    assert calls, "rankmesh's split was not used"
+    later = {r: names[-2:] for r, names in fast.items()}
+    assert len(set(map(tuple, later.values()))) == 1, later  # the later plain group meets everywhere
+    monkeypatch.setattr(fg, "uses_fast_split", lambda: False)  # torch's own split_group
+    stock = {r: _names_after_split_build(world, r) for r in ranks}
+    assert fast == stock
+
+
+def test_a_failed_split_check_warns_once_and_falls_back_to_torch(monkeypatch):
+    monkeypatch.setattr(fg, "SPLIT_SHAPE", None)
+    monkeypatch.setattr(fg, "_split_state", {})
+    monkeypatch.setattr(fg, "_warned", [])
+    calls = []
+    real = dist.split_group
+    monkeypatch.setattr(dist, "split_group", lambda *a, **k: calls.append(k["split_ranks"]) or real(*a, **k))
+    monkeypatch.setattr(fg, "_split", lambda *a, **k: pytest.fail("rankmesh split despite a failed check"))
+    with bound_fake_world(8, 3):
+        with pytest.warns(RuntimeWarning, match="split_group is not the one rankmesh reproduces"):
+            assert not fg.uses_fast_split()
+        if not getattr(c10d._get_default_group()._get_backend(torch.device("cpu")), "supports_splitting", False):
+            pytest.skip(f"the fake backend of torch {torch.__version__} cannot split")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no second warning
+            pg = fg.split_member_group(np.asarray([1, 3], dtype=np.int32))
+            fg.split_member_group(np.asarray([3], dtype=np.int32))
+        assert calls == [[[1, 3]], [[3]]] and dist.get_process_group_ranks(pg) == [1, 3]
+
+
+class _OtherTag:
+    """torch's distributed_c10d as rankmesh._fast_groups sees it, but registering under a tag
+    torch's split_group would not give."""
+
+    def __getattr__(self, name):
+        return getattr(c10d, name)
+
+    @staticmethod
+    def _register_pg_in_world(*args, **kwargs):
+        return c10d._register_pg_in_world(*args, **{**kwargs, "pg_tag": "other"})
+
+
+@needs_fast_split
+def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch):
+    """The start-up probe compares every registry entry: a reproduction that registered the
+    group differently (here: under another tag) is caught, warned about once, not
+    used, and leaves no probe group or counter step behind."""
+    monkeypatch.setattr(fg, "_split_state", {})
+    monkeypatch.setattr(fg, "_warned", [])
+    monkeypatch.setattr(fg, "c10d", _OtherTag())
+    with bound_fake_world(8, 3) as default:
+        count, groups = c10d._world.group_count, list(c10d._world.pg_names)
+        with pytest.warns(RuntimeWarning, match=r"registry entries differ from torch's: \['tag'\]"):
+            assert not fg.uses_fast_split()
+        assert (c10d._world.group_count, list(c10d._world.pg_names)) == (count, groups) == (count, [default])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pg = fg.split_member_group(np.asarray([2, 3], dtype=np.int32))  # torch's call, no second warning
+        assert dist.get_process_group_ranks(pg) == [2, 3]
+        assert c10d._world.pg_to_tag[pg] == f"ptd:{pg.group_name}"
+
+
+def test_non_member_split_and_the_narrowed_table():
+    """A rank in none of a partition's groups takes part with a one-rank split of another rank
+    (torch's own call, the default group's rank table narrowed meanwhile and restored after)."""
+    with bound_fake_world(16, 3) as default:
+        if not getattr(default._get_backend(torch.device("cpu")), "supports_splitting", False):
+            pytest.skip(f"the fake backend of torch {torch.__version__} cannot split")
+        table = c10d._world.pg_group_ranks[default]
+        count = c10d._world.group_count
+        drew = fg.split_non_member(4, group_desc="x")
+        assert drew == (c10d._world.group_count != count)
+        assert c10d._world.pg_group_ranks[default] is table and len(table) == 16

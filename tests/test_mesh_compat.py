@@ -102,7 +102,7 @@ def test_split_group_with_the_narrowed_rank_table_equals_torchs_and_restores_it(
     made with the narrowed table has the same ranks and group rank as torch's own call, and the
     default group's full rank table is back afterwards, also when split_group raises."""
     import torch
-    from rankmesh.torch_layer import _narrowed_parent_ranks
+    from rankmesh._fast_groups import narrowed_parent_ranks as _narrowed_parent_ranks
 
     W = 64
     with fake_world(W, 13):

@@ -296,14 +296,27 @@ def test_creation_order_and_group_names_agree_across_ranks():
         assert len(seen) == 1, (key, seen)
 
 
-def test_split_group_strategy_when_the_default_group_has_a_bound_device(monkeypatch):
+@pytest.mark.parametrize("own_split", [False, True], ids=["torchs_split_group", "rankmeshs_split"])
+def test_split_group_strategy_when_the_default_group_has_a_bound_device(monkeypatch, own_split):
+    """One split per real partition, only this rank's group, parent = the default group: through
+    torch's ``dist.split_group`` (rankmesh's fallback) or rankmesh's own split (torch 2.15 after
+    its probe), both replaced here by a member-only ``new_group``."""
+    from rankmesh import _fast_groups as fg
+
     calls = []
 
     def fake_split_group(parent_pg=None, split_ranks=None, **kwargs):
         calls.append((parent_pg, split_ranks, kwargs))
         return dist.new_group(split_ranks[0], use_local_synchronization=True)
 
+    def fake_own_split(parent, ranks, ranks_list, global_ranks, *args, **kwargs):
+        calls.append((parent, [ranks_list], {}))
+        assert global_ranks == ranks_list  # the default group: group ranks are global ranks
+        return dist.new_group(ranks_list, use_local_synchronization=True)
+
     monkeypatch.setattr(dist, "split_group", fake_split_group)
+    monkeypatch.setattr(fg, "_split", fake_own_split)
+    monkeypatch.setattr(fg, "uses_fast_split", lambda: own_split)
     W = 16
     world = MeshLayout.world(W)
     mesh = world.unflatten("world", (2, 1, 8), ("dp", "one", "tp"))
@@ -313,7 +326,6 @@ def test_split_group_strategy_when_the_default_group_has_a_bound_device(monkeypa
         assert builder.method == "split_group"
         dm = builder.device_mesh(mesh)
         assert builder.report().method == "split_group"
-    # one split per real partition, only this rank's group, parent = default group
     assert [c[1] for c in calls] == [[[3, 11]], [[8, 9, 10, 11, 12, 13, 14, 15]]]
     assert all(c[0] is default for c in calls)
     assert dm.device_type == "cuda"

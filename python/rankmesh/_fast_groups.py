@@ -28,21 +28,49 @@ the private names this module uses, the naming scheme against torch's own
 registry entry (then destroys both and winds the counter back, so the next group gets the name
 torch's own call would give it).
 A failed check warns once and falls back to torch's calls.
+
+The ``split_group`` path (a default group bound to a device, e.g. NCCL eager init) is made the
+same way by :func:`split_member_group`: torch's ``split_group(split_ranks=[my_group])`` spends
+its per-member Python inverting the parent's rank table (O(W) for the default group), checking
+and searching the ranks, hashing the joined ranks, and building two lists and two dicts of the
+group. rankmesh reproduces the body of the one ``split_group`` it has read (torch 2.15; the
+names its body uses must match :data:`_SPLIT_NAMES` exactly), calling the backend's own
+``ProcessGroup.split_group`` with torch's hashed name and registering the child with torch's own
+``HealthCheckHook``, ``_maybe_attach_flight_recorder`` and ``_register_pg_in_world``. Its start-up
+probe splits a one-rank ``fake`` parent both ways (local: no collective, no store keys) and
+compares every registry entry. Any other torch (2.13 and 2.14 differ: a sequence-number call, a
+deep copy of the parent's options) gets torch's own ``split_group`` with the default group's
+rank table narrowed to the ranks it reads (:func:`narrowed_parent_ranks`), after one warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rankmesh._native import hashed_group_name
 
-__all__ = ["SCHEME", "new_member_group", "self_check", "uses_fast_path"]
+__all__ = [
+    "SCHEME",
+    "SPLIT_SHAPE",
+    "group_count",
+    "narrowed_parent_ranks",
+    "new_member_group",
+    "self_check",
+    "split_member_group",
+    "split_non_member",
+    "split_self_check",
+    "uses_fast_path",
+    "uses_fast_split",
+]
 
 # The private members of torch.distributed.distributed_c10d this module calls or reads.
 _FUNCTIONS = (
@@ -120,6 +148,9 @@ def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
         "desc": pg.group_desc,
         "size": pg.size(),
         "rank": pg.rank(),
+        "bound_device_id": pg.bound_device_id,
+        "flight_recorder": pg in getattr(w, "pg_flight_recorder_hooks", {}),
+        "device_types": sorted(d.type for d in pg._device_types),
     }
 
 
@@ -168,15 +199,15 @@ def self_check(backend: str = "fake") -> bool:
         reason = _static_reason() or _probe_reason(backend)
         _state.clear()
         _state[key] = reason is None
-        if reason is not None and reason not in _warned:
-            _warned.append(reason)
-            warnings.warn(
-                f"rankmesh: {reason}; making process groups with torch's own new_group (correct, "
-                "but O(members) Python per group)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        if reason is not None:
+            _warn_once(f"{reason}; making process groups with torch's own new_group")
     return _state[key]
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.append(message)
+        warnings.warn(f"rankmesh: {message} (correct, but O(members) Python per group)", RuntimeWarning, stacklevel=4)
 
 
 def uses_fast_path(backend: str | None) -> bool:
@@ -247,3 +278,245 @@ def new_member_group(
             ranks_list, backend=backend, use_local_synchronization=True, group_desc=group_desc, **extra
         )
     return _create(np.ascontiguousarray(ranks, dtype=np.int32), ranks_list, backend, pg_options, timeout, group_desc)
+
+
+# -- the split_group path ----------------------------------------------------------------------
+
+#: The names the body of torch 2.15's ``split_group`` uses (``co_names``): the one split_group
+#: :func:`_split` reproduces. Any difference means a torch rankmesh has not read.
+_SPLIT_NAMES = frozenset(
+    """AssertionError Backend BackendConfig GroupMember HealthCheckHook NON_GROUP_MEMBER RuntimeError
+    ValueError _check_valid_timeout _device_types _ensure_backend_registered _get_backend
+    _get_default_group _get_default_timeout _maybe_attach_flight_recorder _parse_backend_string
+    _process_group_name _register_pg_in_world _use_torchcomms_enabled _world accelerator append
+    attach bound_device_id comm_split_count comms current_accelerator device enumerate get_comm
+    get_device_backend_map get_group_store group_desc group_name hasattr items len lower
+    pg_group_ranks pg_map rank set size split_group str supports_splitting torch type""".split()
+)
+_SPLIT_FUNCTIONS = ("_register_pg_in_world", "_maybe_attach_flight_recorder", "HealthCheckHook", "BackendConfig")
+_split_state: dict[int, bool] = {}  # id(default group) -> fast split usable
+
+
+def _split_shape() -> str | None:
+    fn = getattr(c10d, "split_group", None)
+    fn = getattr(fn, "__wrapped__", fn)  # torch wraps it in its _time_logger
+    code = getattr(fn, "__code__", None)
+    if code is None or frozenset(code.co_names) != _SPLIT_NAMES:
+        return None
+    return "2.15"
+
+
+#: Which torch ``split_group`` body :func:`split_member_group` reproduces here ("2.15"), or None.
+SPLIT_SHAPE: str | None = _split_shape()
+
+
+def group_count() -> int:
+    """torch's per-rank group counter (``_world.group_count``)."""
+    return c10d._world.group_count
+
+
+@contextlib.contextmanager
+def narrowed_parent_ranks(parent: dist.ProcessGroup, ranks: list[int], world_size: int) -> Iterator[None]:
+    """While torch's ``split_group`` runs, show it only the part of the default group's rank table
+    it reads.
+
+    torch's ``split_group`` inverts the parent's whole global-to-group rank dict on every call
+    (O(W) Python: ~90 ms per call at 2^20 ranks) and then looks up only this rank and the ranks of
+    the split. For the default group that dict is the identity, so a copy restricted to ``ranks``
+    (which holds this rank) gives ``split_group`` exactly the same answers in O(group size). The
+    full table is put back before returning, also on error. Anything unexpected (another parent,
+    a table that is not the identity, a torch without the table) leaves the table alone.
+    """
+    try:
+        table = c10d._world.pg_group_ranks
+        full = table[parent]
+    except (AttributeError, KeyError, TypeError):  # pragma: no cover - an unknown torch
+        yield
+        return
+    if parent is not dist.group.WORLD or len(full) != world_size or full.get(world_size - 1) != world_size - 1:
+        yield
+        return
+    table[parent] = {r: r for r in ranks}
+    try:
+        yield
+    finally:
+        table[parent] = full
+
+
+def _split(
+    parent: dist.ProcessGroup,
+    ranks: np.ndarray,
+    ranks_list: list[int],
+    global_ranks: list[int],
+    timeout: datetime.timedelta | None,
+    pg_options: Any,
+    group_desc: str | None,
+) -> dist.ProcessGroup | None:
+    """torch 2.15's ``split_group(parent, split_ranks=[ranks])`` for this rank's own split:
+    ``ranks`` (int32; ``ranks_list`` the same as a list) are ranks of ``parent`` and hold this
+    rank, unique; ``global_ranks`` the same ranks in the world. The same steps in the same
+    order, without the checks that cannot fail for such ranks and without building the parent's
+    inverse table."""
+    parent_device_types = {d.type for d in parent._device_types}
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type in parent_device_types:
+        device = accelerator
+    elif "cpu" in parent_device_types:
+        device = torch.device("cpu")
+    else:
+        raise RuntimeError("No backend for the parent process group or its backend does not support splitting")
+    parent_backend = parent._get_backend(device)
+    if not parent_backend or not parent_backend.supports_splitting:
+        raise RuntimeError("No backend for the parent process group or its backend does not support splitting")
+    device_id = parent.bound_device_id
+    if hasattr(parent_backend, "comm_split_count") and group_desc is None:
+        group_desc = f"{parent.group_desc}:split:{parent_backend.comm_split_count()}"
+    pg_backend = c10d.Backend(c10d._world.pg_map[parent][0])
+    backend_config = c10d.BackendConfig(pg_backend)
+    if timeout is None:
+        timeout = c10d._get_default_timeout(pg_backend)
+    c10d._check_valid_timeout(timeout)
+    name = _draw_name(ranks)
+    pg = parent.split_group(
+        ranks_list, timeout=timeout, opts=pg_options, group_name=name, group_desc=group_desc, device_types=None
+    )
+    if pg is None:
+        return None
+    pg.bound_device_id = device_id
+    split_devices = {d.type for d in pg._device_types}
+    if not (accelerator is not None and accelerator.type in split_devices) and "cpu" not in split_devices:
+        raise RuntimeError("No backend for the parent process group or its backend does not support splitting")
+    if pg.group_name != name:
+        raise AssertionError(f"group name should be set to {name} but got {pg.group_name}")
+    c10d.HealthCheckHook.attach(pg)
+    c10d._maybe_attach_flight_recorder(pg, backend_config, global_ranks)
+    c10d._register_pg_in_world(
+        pg,
+        backend_name=pg_backend,
+        store=pg.get_group_store(),
+        group_name=name,
+        backend_config=str(backend_config),
+        rank_mapping=dict(zip(global_ranks, range(len(global_ranks)))),
+    )
+    return pg
+
+
+def _split_probe_reason() -> str | None:
+    """Split a one-rank ``fake`` parent both ways and compare every registry entry. Local to this
+    rank (the fake backend talks to no one, uses no store), so it cannot hang or collide with a
+    real group; the probe leaves no group behind and winds the counter back."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake"; idempotent)
+
+    me = dist.get_rank()
+    w = c10d._world
+    made: list[Any] = []
+    start = w.group_count
+    try:
+        parent = dist.new_group([me], backend="fake", use_local_synchronization=True, group_desc="rankmesh_probe")
+        made.append(parent)
+        count = w.group_count
+        theirs = dist.split_group(parent_pg=parent, split_ranks=[[0]], group_desc="rankmesh_probe_split")
+        if not isinstance(theirs, dist.ProcessGroup):
+            return "torch's split_group of the probe gave no group"
+        made.append(theirs)
+        torch_step = w.group_count - count
+        count = w.group_count
+        ours = _split(parent, np.zeros(1, dtype=np.int32), [0], [me], None, None, "rankmesh_probe_split")
+        if ours is None:
+            return "rankmesh's split of the probe gave no group"
+        made.append(ours)
+        if w.group_count - count != torch_step:
+            return "torch's group counter moves differently in split_group"
+        a, b = _entries(theirs), _entries(ours)
+        if a != b:
+            diff = sorted(k for k in a if a[k] != b.get(k))
+            return f"the split probe group's registry entries differ from torch's: {diff}"
+    except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
+        return f"the split probe failed: {type(e).__name__}: {e}"
+    finally:
+        for pg in reversed(made):
+            dist.destroy_process_group(pg)
+        w.group_count = start
+    return None
+
+
+def split_self_check() -> bool:
+    """Whether :func:`split_member_group` may split groups itself under the current default
+    group (decided once per default group, by the same local probe on every rank)."""
+    default = c10d._get_default_group()
+    key = id(default)
+    if key not in _split_state:
+        if SPLIT_SHAPE is None:
+            reason = f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces"
+        else:
+            missing = [f for f in _SPLIT_FUNCTIONS if getattr(c10d, f, None) is None]
+            reason = f"torch.distributed lacks {missing}" if missing else (_static_reason() or _split_probe_reason())
+        _split_state.clear()
+        _split_state[key] = reason is None
+        if reason is not None:
+            _warn_once(f"{reason}; splitting process groups with torch's own split_group")
+    return _split_state[key]
+
+
+def uses_fast_split() -> bool:
+    """Whether :func:`split_member_group` would split the default group itself right now."""
+    if c10d._use_torchcomms_enabled():
+        return False
+    default = c10d._get_default_group()
+    table = c10d._world.pg_group_ranks.get(default)
+    w = default.size()
+    if table is None or len(table) != w or table.get(w - 1) != w - 1:  # not the identity
+        return False
+    return split_self_check()
+
+
+def split_member_group(
+    ranks: np.ndarray,
+    *,
+    pg_options: Any = None,
+    timeout: datetime.timedelta | None = None,
+    group_desc: str | None = None,
+) -> dist.ProcessGroup | None:
+    """``dist.split_group(split_ranks=[ranks], ...)`` of the default group for the caller's own
+    group: ``ranks`` sorted, unique, in range and holding the caller (an int32 array). Every rank
+    of the default group calls this (or :func:`split_non_member`) once per split, in the same
+    order. Same group, registry entries and counters as torch's call; torch's call itself (with
+    the narrowed rank table) whenever :func:`uses_fast_split` says no. None if the backend gave
+    this rank no group."""
+    default = c10d._get_default_group()
+    ranks = np.ascontiguousarray(ranks, dtype=np.int32)
+    members = ranks.tolist()
+    if uses_fast_split():
+        return _split(default, ranks, members, members, timeout, pg_options, group_desc)
+    extra: dict[str, Any] = {}
+    if timeout is not None:
+        extra["timeout"] = timeout
+    if pg_options is not None:
+        extra["pg_options"] = pg_options
+    with narrowed_parent_ranks(default, members, default.size()):
+        pg = dist.split_group(parent_pg=default, split_ranks=[members], group_desc=group_desc, **extra)
+    return pg if isinstance(pg, dist.ProcessGroup) else None
+
+
+def split_non_member(
+    other: int,
+    *,
+    pg_options: Any = None,
+    timeout: datetime.timedelta | None = None,
+    group_desc: str | None = None,
+) -> bool:
+    """This rank's part in a split it is not a member of: torch's ``split_group`` of the default
+    group with ``split_ranks=[[other]]`` (a one-rank split that does not hold this rank: NCCL's
+    NOCOLOR): O(1) Python once the rank table is narrowed, so torch's own call. Returns whether
+    the call drew a group name (moved the counter)."""
+    default = c10d._get_default_group()
+    me = default.rank()
+    extra: dict[str, Any] = {}
+    if timeout is not None:
+        extra["timeout"] = timeout
+    if pg_options is not None:
+        extra["pg_options"] = pg_options
+    count = c10d._world.group_count
+    with narrowed_parent_ranks(default, [me, other], default.size()):
+        dist.split_group(parent_pg=default, split_ranks=[[other]], group_desc=group_desc, **extra)
+    return c10d._world.group_count != count

@@ -30,9 +30,10 @@ the first fast mesh of a process, and only on a torch whose ``_concatenate`` the
 recognises.
 
 Process groups: :mod:`rankmesh._fast_groups` holds every read and write of c10d's private group
-registry (``_new_process_group_helper``, ``_world``'s tables and counter, the hashed-name
-scheme), with its own start-up probe; a torch it does not recognise gets torch's own
-``new_group``.
+registry (``_new_process_group_helper``, ``_register_pg_in_world``, ``_world``'s tables and
+counter, the hashed-name scheme, the backend's ``ProcessGroup.split_group``), with its own
+start-up probes (one for ``new_group``, one for ``split_group``); a torch it does not recognise
+gets torch's own ``new_group`` / ``split_group``.
 """
 
 from __future__ import annotations

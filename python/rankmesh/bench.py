@@ -261,28 +261,35 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
 
 def measure_split_call(world: int) -> dict:
     """What one ``split_group`` call costs on a ``world``-rank default group bound to a device:
-    torch's as it is (O(world) Python), and with rankmesh's narrowed rank table (O(group))."""
+    torch's as it is (O(world) Python), torch's with the narrowed rank table (rankmesh's fallback,
+    O(group) Python) and rankmesh's own split (torch 2.15; None where it falls back)."""
+    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from rankmesh.torch_layer import _narrowed_parent_ranks
+    from rankmesh import _fast_groups as fg
 
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     pg = dist.distributed_c10d._get_default_group()
     pg.bound_device_id = torch.device("cuda", 0)
     ranks = list(range(8))
-    times = {"torch": [], "rankmesh": []}
+    own = fg.uses_fast_split()
+    times: dict[str, list[float]] = {"torch": [], "rankmesh": [], "rankmesh_split": []}
     for _ in range(3):
         t0 = time.perf_counter()
         dist.split_group(parent_pg=pg, split_ranks=[ranks])
         times["torch"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        with _narrowed_parent_ranks(pg, ranks, world):
+        with fg.narrowed_parent_ranks(pg, ranks, world):
             dist.split_group(parent_pg=pg, split_ranks=[ranks])
         times["rankmesh"].append(time.perf_counter() - t0)
+        if own:
+            t0 = time.perf_counter()
+            fg.split_member_group(np.asarray(ranks, dtype=np.int32))
+            times["rankmesh_split"].append(time.perf_counter() - t0)
     dist.destroy_process_group()
-    return {"world": world, **{k: statistics.median(v) for k, v in times.items()}}
+    return {"world": world, **{k: statistics.median(v) if v else None for k, v in times.items()}}
 
 
 def _run_worker(args: list[str]) -> dict:
@@ -372,10 +379,14 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
         lines += [
             "**One `split_group` call** (an 8-rank split of the default group bound to a device)",
             "",
-            "| world size | torch's split_group | with rankmesh's narrowed rank table |",
-            "|---:|---:|---:|",
+            "| world size | torch's split_group | torch's, rank table narrowed (fallback) | rankmesh's own split |",
+            "|---:|---:|---:|---:|",
         ]
-        lines += [f"| {c['world']:,} | {_fmt_s(c['torch'])} | {_fmt_s(c['rankmesh'])} |" for c in split_calls]
+        lines += [
+            f"| {c['world']:,} | {_fmt_s(c['torch'])} | {_fmt_s(c['rankmesh'])} "
+            f"| {_fmt_s(c['rankmesh_split']) if c.get('rankmesh_split') is not None else '–'} |"
+            for c in split_calls
+        ]
         lines.append("")
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, as_u64, check_str, type_name
-from rankmesh._fast_groups import new_member_group
+from rankmesh._fast_groups import new_member_group, split_member_group, split_non_member
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
@@ -433,17 +433,13 @@ class MeshBuilder:
     ) -> dist.ProcessGroup | None:
         """Creates (and records under ``key``) the group of ``ranks`` (sorted int32, holding this
         rank); ``None`` means this rank is in none of the partition's groups, which only the split
-        path has to take part in. Member-only groups come from
-        :func:`rankmesh._fast_groups.new_member_group` (torch's ``new_group`` without its
-        per-member Python where the start-up check allows it)."""
+        path has to take part in. Groups come from :mod:`rankmesh._fast_groups`
+        (``new_member_group``, ``split_member_group``, ``split_non_member``: torch's
+        ``new_group`` / ``split_group`` without their per-member Python where the start-up checks
+        allow it)."""
         c = self._counters
         if timeout is None:
             timeout = getattr(pg_options, "_timeout", None)
-        extra: dict[str, Any] = {}
-        if timeout is not None:
-            extra["timeout"] = timeout
-        if pg_options is not None:
-            extra["pg_options"] = pg_options
         split = self._split and backend != FAKE and (backend is None or backend == self._backend)
         if ranks is None:
             # This rank is in none of the partition's groups. torch names hashed groups with a
@@ -452,13 +448,10 @@ class MeshBuilder:
             # name here than on them (a rendezvous that never meets). On the split path it takes
             # part in the split (NOCOLOR: NCCL needs every rank of the parent); where that draws
             # no name, and on the new_group path, it registers a one-rank ``fake`` placeholder.
-            count = dist.distributed_c10d._world.group_count
             placeholder = True
             if split:
                 other = (self._rank + 1) % self._world_size
-                with _narrowed_parent_ranks(self._default, [self._rank, other], self._world_size):
-                    dist.split_group(parent_pg=self._default, split_ranks=[[other]], group_desc=desc, **extra)
-                placeholder = dist.distributed_c10d._world.group_count == count
+                placeholder = not split_non_member(other, group_desc=desc, timeout=timeout, pg_options=pg_options)
             if placeholder:
                 self._ensure_fake_backend()
                 me = np.asarray([self._rank], dtype=np.int32)
@@ -473,9 +466,7 @@ class MeshBuilder:
             c.fake += 1
             label = FAKE
         elif split:
-            members = ranks.tolist()
-            with _narrowed_parent_ranks(self._default, members, self._world_size):
-                pg = dist.split_group(parent_pg=self._default, split_ranks=[members], group_desc=desc, **extra)
+            pg = split_member_group(ranks, group_desc=desc, timeout=timeout, pg_options=pg_options)
             c.real += 1
             label = self._backend
         else:
@@ -590,33 +581,6 @@ def _check_group_args(
     check_str(group_desc, "group_desc", optional=True)
     check_str(tag, "tag", optional=True)
     return backend, None if timeout is None else as_timeout(timeout, "timeout")
-
-
-@contextlib.contextmanager
-def _narrowed_parent_ranks(parent: dist.ProcessGroup, ranks: list[int], world_size: int) -> Iterator[None]:
-    """While ``split_group`` runs, show it only the part of the default group's rank table it reads.
-
-    torch's ``split_group`` inverts the parent's whole global-to-group rank dict on every call
-    (O(W) Python: ~90 ms per call at 2^20 ranks) and then looks up only this rank and the ranks of
-    the split. For the default group that dict is the identity, so a copy restricted to ``ranks``
-    (which holds this rank) gives ``split_group`` exactly the same answers in O(group size). The
-    full table is put back before returning, also on error. Anything unexpected (another parent,
-    a table that is not the identity, a torch without the table) leaves the table alone.
-    """
-    try:
-        table = dist.distributed_c10d._world.pg_group_ranks
-        full = table[parent]
-    except (AttributeError, KeyError, TypeError):  # pragma: no cover - an unknown torch
-        yield
-        return
-    if parent is not dist.group.WORLD or len(full) != world_size or full.get(world_size - 1) != world_size - 1:
-        yield
-        return
-    table[parent] = {r: r for r in ranks}
-    try:
-        yield
-    finally:
-        table[parent] = full
 
 
 # -- consistency check -------------------------------------------------------------------------

@@ -265,7 +265,7 @@ def check_timeout(rank: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cpu-bound", "cuda"])
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -276,12 +276,25 @@ def main() -> None:
         DEVICE = torch.device("cuda", local_rank)
         # eager NCCL init (bound device): rankmesh then creates groups with split_group
         dist.init_process_group("nccl", device_id=DEVICE)
+    elif args.device == "cpu-bound":
+        # gloo bound to the CPU (torch 2.15: gloo can split): rankmesh takes the split_group path
+        dist.init_process_group("gloo", device_id=torch.device("cpu", 0))
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     rec = Recorder(args.out, rank)
     world = dist.get_world_size()
     rec.write("start", True, world=world, pid=os.getpid(), local_rank=int(os.environ.get("LOCAL_RANK", -1)))
+    from rankmesh import _fast_groups
+
+    bound = dist.distributed_c10d._get_default_group().bound_device_id is not None
+    rec.write(
+        "fast_groups",
+        True,
+        bound=bound,
+        fast_split=_fast_groups.uses_fast_split() if bound else None,
+        fast_new_group=None if bound else _fast_groups.uses_fast_path(None),
+    )
 
     for name, cfg in configs_for(world).items():
         pd = ParallelDims(**cfg, world_size=world)
