@@ -124,7 +124,7 @@ def split_groups_on_a_world_of_one(device: torch.device, monkeypatch) -> None:
 def required_checks(world: int) -> list[str]:
     """Checks tests/mp/worker.py always runs for a world of `world` GPUs (it runs more, e.g.
     FSDP2, where the world allows; every check any rank recorded must pass on every rank)."""
-    checks = ["start", "build_A", "groups_A", "dtensor_A"]
+    checks = ["start", "build_A", "groups_A", "dtensor_A", "later_groups"]
     if world > 1:
         checks += ["mismatch", "timeout"]
     return checks + ["end"]

@@ -46,6 +46,7 @@ CHECKS = [
     "build_C",
     "groups_C",
     "dtensor_C",
+    "later_groups",
     "mismatch",
     "timeout",
     "end",
@@ -173,6 +174,10 @@ def _extra_asserts(check: str, got: dict[int, dict], method: str = "new_group") 
             # (pp, cp, ep, etp), one fake group per dim name.
             assert rep["real"] == 4, rep
             assert rep["by_backend"] == {"gloo": 4, "fake": 6}, rep
+    if check == "later_groups":  # torch's counter and names in step on every rank after rankmesh's groups
+        assert len({d["count_before"] for d in got.values()}) == 1, got
+        assert len({d["everyone"] for d in got.values()}) == 1, got
+        assert len({d["half"] for r, d in got.items() if r % 2 == 0}) == 1, got
     if check == "mismatch":
         for d in got.values():
             assert d["raised"] == "ConfigMismatchError"

@@ -229,6 +229,26 @@ def check_fsdp_tp(pd: ParallelDims) -> dict:
     return {}
 
 
+def check_later_groups(rank: int, world: int) -> dict:
+    """After rankmesh's groups, the user's own plain groups (``new_group`` called by every rank;
+    on a bound default group the halves by ``split_group``) still meet: torch's group counter and
+    names agree on every rank, and the groups carry an all_reduce among the right ranks."""
+    count = dist.distributed_c10d._world.group_count
+    everyone = dist.new_group(list(range(world)))
+    halves = [h for h in ([r for r in range(world) if r % 2 == parity] for parity in (0, 1)) if h]
+    if dist.distributed_c10d._get_default_group().bound_device_id is None:
+        mine = [dist.new_group(h) for h in halves][rank % 2]
+    else:  # a bound default group: the user's own split (new_group would NOCOLOR-split, which gloo lacks)
+        mine = dist.split_group(split_ranks=halves)
+    t = torch.ones(1, device=DEVICE)
+    dist.all_reduce(t, group=everyone)
+    u = torch.full((1,), float(rank), device=DEVICE)
+    dist.all_reduce(u, group=mine)
+    assert t.item() == world, t
+    assert u.item() == sum(halves[rank % 2]), (u, halves[rank % 2])
+    return {"count_before": count, "everyone": everyone.group_name, "half": mine.group_name}
+
+
 def check_mismatch(rank: int) -> dict:
     world = dist.get_world_size()
     odd = min(3, world - 1)
@@ -314,6 +334,7 @@ def main() -> None:
         if name == "B":
             rec.run("fsdp_efsdp", check_fsdp, pd, ["dp_replicate", "efsdp"])
 
+    rec.run("later_groups", check_later_groups, rank, world)
     if world > 1:
         rec.run("mismatch", check_mismatch, rank)
         rec.run("timeout", check_timeout, rank)
