@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, Rust tests, lint (cargo fmt, clippy, ruff;
 # any finding fails the run), then pytest (unit, property tests against torch, fake-backend scale
-# tests, multi-process gloo via torchrun) on the newest and on the oldest supported torch.
+# tests, multi-process gloo via torchrun) on the newest and on the oldest supported torch, each
+# against rankmesh's abi3 wheel installed into that environment (scripts/setup.sh), not the
+# source tree.
 #
 #   bash scripts/test.sh                              # torch 2.15.0 and 2.13.0
 #   RANKMESH_TORCH_VERSIONS=2.15.0 bash scripts/test.sh -x -q   # one torch, pytest flags
@@ -23,9 +25,9 @@ for v in ${RANKMESH_TORCH_VERSIONS:-2.15.0 2.13.0}; do
     "$venv/bin/ruff" check .
     linted=1
   fi
-  echo "== pytest on torch $v"
+  echo "== pytest on torch $v (against the installed wheel: $(ls dist/rankmesh-*-abi3-*.whl))"
   set +e
-  "$venv/bin/python" -m pytest "$@"
+  RANKMESH_TEST_INSTALLED=1 "$venv/bin/python" -m pytest "$@"
   rc=$?
   set -e
   if [ "$rc" -eq 5 ]; then

@@ -306,11 +306,15 @@ def _run_worker(args: list[str]) -> dict:
 
 
 def results_dir(out: Path | None) -> Path:
-    """Where results go: ``out``, else ``benches/results`` of the repository rankmesh runs from,
-    else ``./bench-results``; created."""
+    """Where results go: ``out``, else ``benches/results`` of the rankmesh repository this runs
+    from (the source tree of an editable install, or the current directory when it is the
+    repository and rankmesh is installed from its wheel), else ``./bench-results``; created."""
     if out is None:
-        repo = Path(__file__).resolve().parents[2]
-        out = repo / "benches" / "results" if (repo / "benches").is_dir() else Path("bench-results")
+        out = Path("bench-results")
+        for repo in (Path(__file__).resolve().parents[2], Path.cwd()):
+            if (repo / "benches").is_dir() and (repo / "Cargo.toml").is_file():
+                out = repo / "benches" / "results"
+                break
     out.mkdir(parents=True, exist_ok=True)
     return out
 

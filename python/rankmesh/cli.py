@@ -127,8 +127,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _version() -> str:
+    """``rankmesh <version>`` (the extension's, from Cargo.toml) and where the package lives."""
+    import rankmesh
+
+    return f"rankmesh {rankmesh.__version__} ({os.path.dirname(rankmesh.__file__)})"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="rankmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=_version(), help="print rankmesh's version and exit")
     sub = p.add_subparsers(dest="command", metavar="{plan,bench}")
     sub.required = True
     q = sub.add_parser(
