@@ -78,7 +78,7 @@ def small_world():
     """Rank 3 of an 8-rank fake world: a builder, a 2x4 layout, a fast DeviceMesh of it."""
     from rankmesh import MeshLayout
     from rankmesh.mesh import init_device_mesh
-    from rankmesh.torch_layer import MeshBuilder
+    from rankmesh.process_groups import MeshBuilder
 
     with fake_world(8, 3):
         layout = MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp"))

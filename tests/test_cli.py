@@ -450,6 +450,17 @@ def test_bench_passes_arguments_through(monkeypatch):
     assert main(["bench"]) == 3
 
 
+def test_bench_model_goes_to_the_model_benchmark(monkeypatch):
+    import rankmesh.bench
+    import rankmesh.bench_model
+
+    seen = []
+    monkeypatch.setattr(rankmesh.bench_model, "main", lambda argv=None: seen.append(argv) or 0)
+    monkeypatch.setattr(rankmesh.bench, "main", lambda argv=None: pytest.fail("the mesh benchmark ran"))
+    assert main(["bench", "model", "--workload", "fsdp_tp"]) == 0
+    assert seen == [["--workload", "fsdp_tp"]]
+
+
 def test_python_dash_m_rankmesh():
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     env.pop("LOCAL_WORLD_SIZE", None)

@@ -75,7 +75,7 @@ def split_groups_on_a_world_of_one(device: torch.device, monkeypatch) -> None:
     all_reduce (tensors on ``device``); asking again gives the same groups without a new split."""
     from rankmesh import MeshLayout
     from rankmesh import _fast_groups as fg
-    from rankmesh.torch_layer import MeshBuilder
+    from rankmesh.process_groups import MeshBuilder
 
     calls = []
     default = dist.distributed_c10d._get_default_group()

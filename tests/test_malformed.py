@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from rankmesh import MeshLayout
 from rankmesh._groups import group_key
+from rankmesh.consistency import check_consistency
 from rankmesh.errors import (
     ArgumentTypeError,
     DimOutOfRangeError,
@@ -39,10 +40,10 @@ from rankmesh.errors import (
     TopologyError,
     UnknownNameError,
 )
-from rankmesh.mesh import _World, init_device_mesh
+from rankmesh.mesh import FastDeviceMesh, _World, init_device_mesh
+from rankmesh.process_groups import MeshBuilder
 from rankmesh.single import SingleMesh, get_dp_info, get_dp_mesh, single_mesh
 from rankmesh.topology import gpus_per_node_from_env, topology_report
-from rankmesh.torch_layer import MeshBuilder, check_consistency
 
 from tests.conftest import FAKE, fake_world
 
@@ -361,7 +362,8 @@ def test_process_group_timeout_in_seconds_equals_the_timedelta(small_world):
     ids=repr,
 )
 def test_device_mesh_fake_dims(small_world, fake_dims, cls, field, value):
-    expect(lambda: small_world["builder"].device_mesh(small_world["layout"], fake_dims=fake_dims), cls, field, value)
+    builder, layout = small_world["builder"], small_world["layout"]
+    expect(lambda: FastDeviceMesh.from_layout(builder, layout, fake_dims=fake_dims), cls, field, value)
     if cls is ArgumentTypeError:  # SingleMesh.device_mesh passes them on unchanged (no tuple("tp"))
         sm = single_mesh(8, tp=4)
         expect(lambda: sm.device_mesh(small_world["builder"], fake_dims=fake_dims), cls, field, value)
@@ -377,7 +379,7 @@ def test_layout_arguments(small_world, bad):
     b = small_world["builder"]
     expect(lambda: MeshBuilder(bad), ArgumentTypeError, "world", bad)
     expect(lambda: b.process_group(bad, 0), ArgumentTypeError, "layout", bad)
-    expect(lambda: b.device_mesh(bad), ArgumentTypeError, "layout", bad)
+    expect(lambda: FastDeviceMesh.from_layout(b, bad), ArgumentTypeError, "layout", bad)
     expect(lambda: _World(bad, 0, None), ArgumentTypeError, "layout", bad)
     expect(lambda: group_key(bad, 0, world_size=8), ArgumentTypeError, "layout", bad)
     expect(lambda: topology_report({"a": bad}, rank=0, gpus_per_node=4), ArgumentTypeError, "meshes['a']", bad)
@@ -599,8 +601,8 @@ SLOTS = {
     "subset_group.members": lambda w, v: w["builder"].subset_group("p", v, name="x"),
     "subset_group.name": lambda w, v: w["builder"].subset_group("p", [3], name=v),
     "subset_group.timeout": lambda w, v: w["builder"].subset_group("p", [3], name="x", timeout=v),
-    "device_mesh.layout": lambda w, v: w["builder"].device_mesh(v),
-    "device_mesh.fake_dims": lambda w, v: w["builder"].device_mesh(w["layout"], fake_dims=v),
+    "device_mesh.layout": lambda w, v: FastDeviceMesh.from_layout(w["builder"], v),
+    "device_mesh.fake_dims": lambda w, v: FastDeviceMesh.from_layout(w["builder"], w["layout"], fake_dims=v),
     "init_device_mesh.device_type": lambda w, v: init_device_mesh(v, (8,)),
     "init_device_mesh.mesh_shape": lambda w, v: init_device_mesh("cpu", v),
     "init_device_mesh.mesh_shape[0]": lambda w, v: init_device_mesh("cpu", (v, 4)),

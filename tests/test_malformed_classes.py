@@ -23,7 +23,6 @@ import pytest
 import rankmesh
 import torch
 from rankmesh import MAX_WORLD_SIZE, MeshLayout
-from rankmesh._megatron_grid import HyperCommGrid
 from rankmesh.cli import main as cli_main
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -38,7 +37,8 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.megatron import RankGenerator, model_parallel_layout
-from rankmesh.mesh import init_device_mesh
+from rankmesh.megatron.hyper_comm_grid import HyperCommGrid
+from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from rankmesh.parallel_dims import ParallelDims
 from rankmesh.plan import build_plan
 from rankmesh.single import single_mesh
@@ -195,11 +195,11 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, cap
         "topology_report default": lambda: topology_report(lay, 0, 4, strict_dims=("ep", "bogus")),
         "TopologyReport.violations": lambda: topology_report(lay, 0, 4).violations(("bogus",)),
         # the torch layer's fake dims, from every convention that takes them
-        "MeshBuilder.device_mesh": lambda: builder.device_mesh(lay, fake_dims=("tp", "bogus")),
+        "FastDeviceMesh.from_layout": lambda: FastDeviceMesh.from_layout(builder, lay, fake_dims=("tp", "bogus")),
         "SingleMesh.device_mesh": lambda: single_mesh(W, tp=4).device_mesh(builder, fake_dims=["bogus"]),
         "RankGenerator.device_mesh": lambda: g.device_mesh(["pp", "tp"], builder, fake_dims=["bogus"]),
     }
-    fields = {k: "strict_dims" for k in places if "opology" in k} | {k: "fake_dims" for k in places if "device" in k}
+    fields = {k: "strict_dims" if "opology" in k else "fake_dims" for k in places}
     for name, fn in places.items():
         e = expect(fn, UnknownNameError, fields[name], "bogus")
         assert isinstance(e, KeyError)
@@ -271,7 +271,7 @@ def test_4_a_name_that_is_not_utf8_text_is_an_argument_type_error_naming_the_fie
         (lambda: pd.get_mesh(BAD), "dims", BAD),
         (lambda: pd.get_mesh(["tp", BAD]), "dims[1]", BAD),
         # the torch layer and the fast DeviceMesh
-        (lambda: builder.device_mesh(lay, fake_dims=[BAD]), "fake_dims[0]", BAD),
+        (lambda: FastDeviceMesh.from_layout(builder, lay, fake_dims=[BAD]), "fake_dims[0]", BAD),
         (lambda: builder.process_group(lay, BAD), "dim", BAD),
         (lambda: builder.process_group(lay, "tp", group_desc=BAD), "group_desc", BAD),
         (lambda: builder.process_group(lay, "tp", tag=BAD), "tag", BAD),

@@ -475,7 +475,7 @@ def test_docstring_examples_run():
 @pytest.mark.parametrize("rank", [0, 13, 63])
 def test_process_groups_and_device_mesh(rank):
     dist = pytest.importorskip("torch.distributed")
-    pytest.importorskip("rankmesh.torch_layer")
+    pytest.importorskip("rankmesh.process_groups")
 
     m = model_parallel_layout(64, 2, 2, 2, 4, num_distributed_optimizer_instances=2)
     with fake_world(64, rank):

@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     from megatron.core import hyper_comm_grid as mgrid
 
 import rankmesh.megatron as rm  # noqa: E402
-from rankmesh import _megatron_init, torch_layer  # noqa: E402
+from rankmesh import process_groups  # noqa: E402
 from rankmesh.errors import (  # noqa: E402
     ArgumentTypeError,
     DistributedStateError,
@@ -47,6 +47,7 @@ from rankmesh.errors import (  # noqa: E402
     UnsupportedVersionError,
 )
 from rankmesh.megatron import model_parallel_layout  # noqa: E402
+from rankmesh.megatron import parallel_state as _megatron_init  # noqa: E402
 
 FAKEGLOO = "fakegloo"
 
@@ -64,12 +65,12 @@ def gloo_is_fakegloo(monkeypatch):
 
     monkeypatch.setattr(dist, "new_group", new_group)
     # rankmesh's own member-only groups (rankmesh._fast_groups) take the same detour
-    real_member = torch_layer.new_member_group
+    real_member = process_groups.new_member_group
 
     def new_member_group(ranks, *, backend=None, **kw):
         return real_member(ranks, backend=FAKEGLOO if backend == "gloo" else backend, **kw)
 
-    monkeypatch.setattr(torch_layer, "new_member_group", new_member_group)
+    monkeypatch.setattr(process_groups, "new_member_group", new_member_group)
     snap.reset()
     yield
     snap.reset()

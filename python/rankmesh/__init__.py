@@ -55,9 +55,10 @@ from rankmesh.single import SingleMesh, single_mesh
 from rankmesh.topology import rank_map_from_hosts, topology_report
 
 if TYPE_CHECKING:
+    from rankmesh.consistency import check_consistency
     from rankmesh.mesh import FastDeviceMesh, init_device_mesh
     from rankmesh.parallel_dims import ParallelDims
-    from rankmesh.torch_layer import BuildReport, MeshBuilder, check_consistency
+    from rankmesh.process_groups import BuildReport, MeshBuilder
 
 from rankmesh._native import __version__ as __version__  # Cargo.toml's, built into the extension
 
@@ -66,9 +67,9 @@ _LAZY = {
     "init_device_mesh": "rankmesh.mesh",
     "FastDeviceMesh": "rankmesh.mesh",
     "ParallelDims": "rankmesh.parallel_dims",
-    "MeshBuilder": "rankmesh.torch_layer",
-    "BuildReport": "rankmesh.torch_layer",
-    "check_consistency": "rankmesh.torch_layer",
+    "MeshBuilder": "rankmesh.process_groups",
+    "BuildReport": "rankmesh.process_groups",
+    "check_consistency": "rankmesh.consistency",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())

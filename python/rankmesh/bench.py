@@ -445,10 +445,6 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if argv and argv[0] == "model":  # time to a parallelised model: rankmesh.bench_model
-        from rankmesh import bench_model
-
-        return bench_model.main(argv[1:])
     p = argparse.ArgumentParser(
         prog="rankmesh bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -13,7 +13,7 @@ pickling). Slicing, ``_flatten``, ``_unflatten`` and every query stay O(group si
   ``_concatenate`` and ``torch.compile`` guards) is made at most once per world, and only when
   something asks for it; equality and hashing use the world's identity, and the hash equals
   torch's own;
-- process groups come from one :class:`~rankmesh.torch_layer.MeshBuilder` per world: only this
+- process groups come from one :class:`~rankmesh.process_groups.MeshBuilder` per world: only this
   rank's group, one per distinct partition (and backend), shared by every mesh derived from the
   world; dims overridden to ``fake`` stay fake.
 
@@ -39,7 +39,7 @@ Example (one process standing in for rank 5 of 8 on the fake backend)::
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,7 @@ from rankmesh.errors import (
     SliceOrderError,
     UnknownNameError,
 )
-from rankmesh.torch_layer import FAKE, BuildReport, MeshBuilder, check_backend_name
+from rankmesh.process_groups import FAKE, BuildReport, MeshBuilder, check_backend_name
 
 __all__ = ["FastDeviceMesh", "init_device_mesh"]
 
@@ -312,6 +312,65 @@ class FastDeviceMesh(DeviceMesh):
         )
 
     # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_layout(
+        cls,
+        builder: MeshBuilder,
+        layout: MeshLayout,
+        *,
+        fake_dims: Sequence[str | int] = (),
+    ) -> DeviceMesh:
+        """A ``DeviceMesh`` of ``layout`` for this rank over ``builder``'s process groups, like
+        torch's ``DeviceMesh.from_group``: a root :class:`FastDeviceMesh` whose slices, flattens
+        and unflattens stay O(group size) and share the builder's groups (and, on a torch
+        rankmesh does not recognise, torch's own ``DeviceMesh`` over the same groups).
+
+        Equal to what torch builds for the same layout (``init_device_mesh`` + ``_unflatten`` /
+        slicing / ``_flatten``): same ``mesh``, group ranks, coordinate, local ranks and names.
+        ``fake_dims`` (names or indices) get ``fake``-backend groups, as does every size-1 dim.
+        Every mesh over one builder shares its world (rank map, fingerprint).
+
+        Example: rank 5 of an 8-rank world (one process plays it on the ``fake`` backend)::
+
+            >>> import torch.distributed as dist
+            >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+            >>> from rankmesh import MeshBuilder, MeshLayout
+            >>> dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
+            >>> world = MeshLayout.world(8)
+            >>> layout = world.unflatten("world", (2, 2, 2), ("dp_replicate", "dp_shard", "tp"))
+            >>> dm = FastDeviceMesh.from_layout(MeshBuilder(world), layout)
+            >>> dm["dp_replicate", "dp_shard"].shape
+            (2, 2)
+            >>> dist.get_process_group_ranks(dm.get_group("tp"))  # ranks 4, 5; on ranks 6, 7: [6, 7]
+            [4, 5]
+            >>> dist.destroy_process_group()
+        """
+        if not isinstance(builder, MeshBuilder):
+            raise ArgumentTypeError(
+                f"builder must be a rankmesh.MeshBuilder, got {type_name(builder)} {builder!r}",
+                field="builder",
+                value=builder,
+            )
+        builder._check_layout(layout)
+        fake_idx = _fake_dim_indices(layout, fake_dims)
+        names = tuple(layout.names)
+        if not compat.fast_meshes_available():
+            # An unknown torch: torch's own DeviceMesh over the same process groups (O(W) per
+            # mesh). Always the n-D form of from_group, also for one dim: the 1-D form re-reads
+            # the group's ranks (O(W) in Python for a world-sized group) and rejects a mesh that
+            # is not in sorted order, which a rank map can legitimately produce.
+            groups = [
+                builder.process_group(layout, i, fake=i in fake_idx, mesh_dim_name=names[i]) for i in range(len(names))
+            ]
+            mesh = torch.from_numpy(layout.mesh_of(builder.rank))
+            return DeviceMesh.from_group(groups, builder.device_type, mesh=mesh, mesh_dim_names=names)
+        world = _world_of(builder)
+        tl = _torch_layout(layout)
+        root = cls._make(world, layout, tl, builder.device_type, names, [], None)
+        overrides = [(FAKE, None) if i in fake_idx else _NO_OVERRIDE for i in range(layout.ndim)]
+        root.__dict__["_dim_group_names"] = root._groups_for(layout, range(layout.ndim), overrides)
+        return root
 
     @classmethod
     def _make(
@@ -772,7 +831,7 @@ def init_device_mesh(
     rm = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
     tl = _torch_layout(rm)
     builder = MeshBuilder(world_layout, device_type=device_type, size_one_fake=size_one_fake)
-    world = builder._mesh_world = _World(world_layout, builder.rank, builder)
+    world = _world_of(builder)
     probe = FastDeviceMesh._make(world, rm, tl, device_type, names, [], None)
     probe._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
     group_names = probe._groups_for(rm, range(len(shape)), overrides)
@@ -810,21 +869,35 @@ def _torch_init(
     )
 
 
-def _mesh_from_layout(
-    builder: MeshBuilder,
-    layout: MeshLayout,
-    device_type: str,
-    fake_idx: set[int],
-) -> FastDeviceMesh:
-    """A root :class:`FastDeviceMesh` of any layout over the builder's world (what
-    :meth:`MeshBuilder.device_mesh` returns): torch's layout mirrors the Rust modes. Every mesh
-    of one builder shares one :class:`_World`."""
-    world = builder._mesh_world
-    if world is None:
-        world = builder._mesh_world = _World(builder.world, builder.rank, builder)
-    tl = _torch_layout(layout)
-    mesh = FastDeviceMesh._make(world, layout, tl, device_type, tuple(layout.names), [], None)
-    overrides = [(FAKE, None) if i in fake_idx else _NO_OVERRIDE for i in range(layout.ndim)]
-    mesh.__dict__["_dim_group_names"] = mesh._groups_for(layout, range(layout.ndim), overrides)
-    return mesh
+def _world_of(builder: MeshBuilder) -> _World:
+    """The :class:`_World` every mesh over ``builder``'s groups shares (kept by the builder for
+    this layer: :meth:`MeshBuilder.layer_state`)."""
+    return builder.layer_state("rankmesh.mesh", lambda: _World(builder.world, builder.rank, builder))
 
+
+def _fake_dim_indices(layout: MeshLayout, fake_dims: Sequence[str | int]) -> set[int]:
+    """``fake_dims`` (names or indices of ``layout``'s dims) as indices; typed errors otherwise."""
+    names = tuple(layout.names)
+    if isinstance(fake_dims, str) or not isinstance(fake_dims, Iterable):
+        raise ArgumentTypeError(
+            f"fake_dims must be a sequence of dim names or indices, got {type_name(fake_dims)} {fake_dims!r}"
+            + (f"; write ({fake_dims!r},)" if isinstance(fake_dims, str) else ""),
+            field="fake_dims",
+            value=fake_dims,
+        )
+    fake_idx = set()
+    for i, d in enumerate(fake_dims):
+        if isinstance(d, str):
+            check_str(d, f"fake_dims[{i}]")
+            if d not in names:
+                raise UnknownNameError(
+                    f"fake_dims[{i}] = {d!r} is not a dim of the layout; name one of {names} (or its index)",
+                    field="fake_dims",
+                    value=d,
+                )
+            fake_idx.add(names.index(d))
+        else:
+            d = as_int(d, f"fake_dims[{i}]")
+            layout.size(d)  # raises DimOutOfRangeError
+            fake_idx.add(d % len(names))
+    return fake_idx

@@ -4,7 +4,7 @@ unflatten to rewrite parallel_dims") that builds the same meshes in O(group size
 torchtitan unflattens a 1-D world mesh three times and flattens one submesh; on every rank torch
 then materialises every group of every dim and calls ``new_group`` once per subgroup of the job,
 several times over for the dims the meshes share (pp, dp_replicate, tp). Here the same meshes
-come from rankmesh layouts and one :class:`~rankmesh.torch_layer.MeshBuilder`: each rank creates
+come from rankmesh layouts and one :class:`~rankmesh.process_groups.MeshBuilder`: each rank creates
 only its own groups, one per distinct partition of the world.
 
 The meshes (names and semantics as in torchtitan)::
@@ -51,6 +51,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from rankmesh import _torchtitan as _tt
 from rankmesh._check import as_int, check_str
 from rankmesh._native import MeshLayout
+from rankmesh.consistency import check_consistency as _check_consistency
 from rankmesh.errors import (
     ArgumentTypeError,
     DistributedStateError,
@@ -60,8 +61,7 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.mesh import init_device_mesh
-from rankmesh.torch_layer import BuildReport, require_default_group
-from rankmesh.torch_layer import check_consistency as _check_consistency
+from rankmesh.process_groups import BuildReport, require_default_group
 
 __all__ = ["ParallelDims"]
 

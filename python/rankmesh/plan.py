@@ -5,7 +5,7 @@ This is what ``rankmesh plan`` prints (:mod:`rankmesh.cli` only parses the comma
 :func:`build_plan` resolves the degrees with the convention's own checks (torchtitan's
 ``ParallelDims``, Megatron's ``initialize_model_parallel``, the single mesh) and raises their
 typed :class:`~rankmesh.errors.RankmeshError`; :func:`count_process_groups` counts groups by
-the rule :class:`~rankmesh.torch_layer.MeshBuilder` creates them by
+the rule :class:`~rankmesh.process_groups.MeshBuilder` creates them by
 (:func:`rankmesh._groups.group_key`); :func:`format_group` abbreviates a group;
 :func:`format_plan` is the whole text::
 

@@ -39,7 +39,7 @@ from rankmesh._native import MeshLayout
 from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError
 
 if TYPE_CHECKING:
-    from rankmesh.torch_layer import MeshBuilder
+    from rankmesh.process_groups import MeshBuilder
 
 __all__ = [
     "SINGLE_MESH_ORDER",
@@ -93,15 +93,16 @@ class SingleMesh:
         return self.layout.group(rank, dim)
 
     def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
-        """A :class:`rankmesh.torch_layer.MeshBuilder` over this mesh's world."""
-        from rankmesh.torch_layer import MeshBuilder
+        """A :class:`rankmesh.process_groups.MeshBuilder` over this mesh's world."""
+        from rankmesh.process_groups import MeshBuilder
 
         world = MeshLayout.world(self.world_size, rank_map=self.layout.rank_map())
         return MeshBuilder(world, device_type=device_type, rank=rank)
 
     def device_mesh(self, builder: MeshBuilder, *, fake_dims: tuple[str, ...] = ()):
-        """The caller's ``DeviceMesh`` of this layout, through the torch layer."""
-        from rankmesh.torch_layer import MeshBuilder
+        """The caller's ``DeviceMesh`` of this layout (:meth:`rankmesh.mesh.FastDeviceMesh.from_layout`)."""
+        from rankmesh.mesh import FastDeviceMesh
+        from rankmesh.process_groups import MeshBuilder
 
         if not isinstance(builder, MeshBuilder):
             raise ArgumentTypeError(
@@ -109,7 +110,7 @@ class SingleMesh:
                 field="builder",
                 value=builder,
             )
-        return builder.device_mesh(self.layout, fake_dims=fake_dims)
+        return FastDeviceMesh.from_layout(builder, self.layout, fake_dims=fake_dims)
 
 
 def single_mesh(

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from rankmesh.consistency import check_consistency
 from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError
 from rankmesh.parallel_dims import ParallelDims
-from rankmesh.torch_layer import check_consistency
 
 CONFIGS = {
     # 8 ranks: HSDP 2 x 2 with TP 2

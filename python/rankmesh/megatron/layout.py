@@ -1,4 +1,7 @@
-"""Megatron-core's rank conventions over :class:`~rankmesh.MeshLayout`.
+"""Megatron-core's rank conventions as layouts: ``RankGenerator``, ``ModelParallelLayout`` and the
+table of every group ``initialize_model_parallel`` creates (torch-free; see :mod:`rankmesh.megatron`).
+
+Megatron-core's rank conventions over :class:`~rankmesh.MeshLayout`.
 
 Megatron names its parallel dims with an *order* string such as ``"tp-cp-ep-dp-pp"``: the
 leftmost name varies fastest over the ranks. That is a row-major mesh read backwards, so a
@@ -32,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rankmesh._check import as_int, check_degrees, check_str, positive_int
-from rankmesh._lazy import lazy_getattr
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -51,14 +53,7 @@ from rankmesh.errors import (
 )
 
 if TYPE_CHECKING:  # the torch layer is optional at import time
-    from rankmesh._megatron_grid import HyperCommGrid
-    from rankmesh._megatron_init import (
-        SUPPORTED_MEGATRON_CORE,
-        destroy_model_parallel,
-        initialize_model_parallel,
-        last_build_report,
-    )
-    from rankmesh.torch_layer import MeshBuilder
+    from rankmesh.process_groups import MeshBuilder
 
 __all__ = [
     "MEGATRON_DIMS",
@@ -69,25 +64,7 @@ __all__ = [
     "model_parallel_layout",
     "default_embedding_ranks",
     "default_position_embedding_ranks",
-    # megatron-core's parallel_state and HyperCommGrid on rankmesh (import torch when first used)
-    "initialize_model_parallel",
-    "destroy_model_parallel",
-    "last_build_report",
-    "SUPPORTED_MEGATRON_CORE",
-    "HyperCommGrid",
 ]
-
-# Names that need torch (and megatron-core), imported when first used so that the layout API
-# above stays torch-free.
-_LAZY = {
-    "initialize_model_parallel": "rankmesh._megatron_init",
-    "destroy_model_parallel": "rankmesh._megatron_init",
-    "last_build_report": "rankmesh._megatron_init",
-    "SUPPORTED_MEGATRON_CORE": "rankmesh._megatron_init",
-    "HyperCommGrid": "rankmesh._megatron_grid",
-}
-
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 #: The dim names a Megatron ``RankGenerator`` knows, in its own ``name_to_size`` order.
 MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
@@ -199,13 +176,13 @@ def default_position_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
 
 def _torch_layer():
     try:
-        from rankmesh import torch_layer
+        from rankmesh import mesh, process_groups
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ImportError(
-            "process groups and DeviceMeshes need rankmesh's torch layer (rankmesh.torch_layer) "
-            "and torch; the layout-level API (my_group, groups, layout) works without them"
+            "process groups and DeviceMeshes need rankmesh's torch layers (rankmesh.process_groups, "
+            "rankmesh.mesh) and torch; the layout-level API (my_group, groups, layout) works without them"
         ) from e
-    return torch_layer
+    return process_groups, mesh
 
 
 class RankGenerator:
@@ -496,7 +473,7 @@ class RankGenerator:
         full = self.world.unflatten(0, [r[1] for r in runs], run_names)
         return full[tuple(labels)]
 
-    # -- torch, through rankmesh.torch_layer -------------------------------------------------
+    # -- torch, through rankmesh.process_groups -------------------------------------------------
     def _check_torch(self) -> None:
         if self.rank_offset:
             raise ParallelConfigError(
@@ -507,9 +484,9 @@ class RankGenerator:
             )
 
     def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
-        """A :class:`rankmesh.torch_layer.MeshBuilder` over this generator's world."""
+        """A :class:`rankmesh.process_groups.MeshBuilder` over this generator's world."""
         self._check_torch()
-        return _torch_layer().MeshBuilder(self.world, device_type=device_type, rank=rank)
+        return _torch_layer()[0].MeshBuilder(self.world, device_type=device_type, rank=rank)
 
     def process_group(self, token: str | Iterable[str], builder: MeshBuilder, *, fake: bool = False):
         """The caller's process group of ``token`` (one per distinct partition, shared)."""
@@ -526,7 +503,8 @@ class RankGenerator:
     ):
         """The caller's ``DeviceMesh`` over ``dims`` (see :meth:`dims_layout`)."""
         self._check_torch()
-        return builder.device_mesh(self.dims_layout(dims, names), fake_dims=tuple(fake_dims))
+        layout = self.dims_layout(dims, names)
+        return _torch_layer()[1].FastDeviceMesh.from_layout(builder, layout, fake_dims=tuple(fake_dims))
 
     def __repr__(self) -> str:
         off = f", rank_offset={self.rank_offset}" if self.rank_offset else ""
@@ -864,9 +842,9 @@ class ModelParallelLayout:
             )
         return groups
 
-    # -- torch, through rankmesh.torch_layer ----------------------------------------------------
+    # -- torch, through rankmesh.process_groups ----------------------------------------------------
     def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
-        """A :class:`rankmesh.torch_layer.MeshBuilder` over the shared world."""
+        """A :class:`rankmesh.process_groups.MeshBuilder` over the shared world."""
         return self.decoder.mesh_builder(device_type=device_type, rank=rank)
 
     def process_groups(self, builder: MeshBuilder, names: Iterable[str] | None = None) -> dict[str, Any]:

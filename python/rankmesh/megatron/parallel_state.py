@@ -194,13 +194,13 @@ def initialize_model_parallel(
     import torch
     import torch.distributed as dist
 
-    from rankmesh.megatron import (
+    from rankmesh.megatron.layout import (
         GROUP_DESCRIPTIONS,
         default_embedding_ranks,
         default_position_embedding_ranks,
         model_parallel_layout,
     )
-    from rankmesh.torch_layer import MeshBuilder
+    from rankmesh.process_groups import MeshBuilder
 
     ps = parallel_state()
     # SHARP may only be enabled for the first communicator created with NCCL_COLLNET_ENABLE=1.

@@ -20,7 +20,7 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
-from rankmesh.megatron import _rank_arg
+from rankmesh.megatron.layout import _rank_arg
 
 __all__ = ["HyperCommGrid"]
 
@@ -231,7 +231,7 @@ class HyperCommGrid:
                 )
         import torch.distributed as dist
 
-        from rankmesh.torch_layer import MeshBuilder, require_default_group
+        from rankmesh.process_groups import MeshBuilder, require_default_group
 
         require_default_group("HyperCommGrid.create_pg")
         world = dist.get_world_size()

@@ -18,8 +18,9 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from rankmesh import MeshLayout, torch_layer
+from rankmesh import MeshLayout, process_groups
 from rankmesh._torchtitan import fake_dims as fake_dims_of
+from rankmesh.consistency import _from_i64, _to_i64, check_consistency
 from rankmesh.errors import (
     ConfigMismatchError,
     ConsistencyTimeoutError,
@@ -28,8 +29,9 @@ from rankmesh.errors import (
     RankmeshError,
     UnknownNameError,
 )
+from rankmesh.mesh import FastDeviceMesh
 from rankmesh.parallel_dims import ParallelDims
-from rankmesh.torch_layer import BuildReport, MeshBuilder, _from_i64, _to_i64, check_consistency
+from rankmesh.process_groups import BuildReport, MeshBuilder
 from torch.distributed.device_mesh import DeviceMesh
 
 from tests.conftest import fake_world
@@ -245,19 +247,19 @@ def test_world_sized_dims_reuse_the_default_group():
 
 def test_size_one_and_fake_dims_use_the_fake_backend(monkeypatch):
     calls = []
-    real_new_group = torch_layer.new_member_group  # torch's member-only new_group, made fast
+    real_new_group = process_groups.new_member_group  # torch's member-only new_group, made fast
 
     def spy(ranks, **kwargs):
         calls.append((ranks.tolist(), kwargs.get("backend"), kwargs))
         return real_new_group(ranks, **kwargs)
 
-    monkeypatch.setattr(torch_layer, "new_member_group", spy)
+    monkeypatch.setattr(process_groups, "new_member_group", spy)
     W = 16
     world = MeshLayout.world(W)
     mesh = world.unflatten("world", (1, 4, 4), ("pp", "dp", "tp"))
     with fake_world(W, 9):
         builder = MeshBuilder(world)
-        dm = builder.device_mesh(mesh, fake_dims=("dp",))
+        dm = FastDeviceMesh.from_layout(builder, mesh, fake_dims=("dp",))
         rep = builder.report()
     assert [(r, b) for r, b, _ in calls] == [([9], "fake"), ([1, 5, 9, 13], "fake"), ([8, 9, 10, 11], None)]
     assert (rep.real, rep.fake) == (1, 2)
@@ -271,9 +273,9 @@ def test_unknown_fake_dim_is_rejected():
     with fake_world(4, 0):
         builder = MeshBuilder(world)
         with pytest.raises(UnknownNameError):
-            builder.device_mesh(mesh, fake_dims=("c",))
+            FastDeviceMesh.from_layout(builder, mesh, fake_dims=("c",))
         with pytest.raises(IndexError):
-            builder.device_mesh(mesh, fake_dims=(5,))
+            FastDeviceMesh.from_layout(builder, mesh, fake_dims=(5,))
 
 
 def test_creation_order_and_group_names_agree_across_ranks():
@@ -324,7 +326,7 @@ def test_split_group_strategy_when_the_default_group_has_a_bound_device(monkeypa
         default.bound_device_id = torch.device("cuda", 0)
         builder = MeshBuilder(world, device_type="cuda")
         assert builder.method == "split_group"
-        dm = builder.device_mesh(mesh)
+        dm = FastDeviceMesh.from_layout(builder, mesh)
         assert builder.report().method == "split_group"
     assert [c[1] for c in calls] == [[[3, 11]], [[8, 9, 10, 11, 12, 13, 14, 15]]]
     assert all(c[0] is default for c in calls)
@@ -358,12 +360,12 @@ def test_device_mesh_with_a_rank_map_equals_torch(seed):
         with fake_world(W, rank):
             theirs = DeviceMesh("cpu", torch.tensor(rank_map).reshape(shape), mesh_dim_names=names)
             builder = MeshBuilder(world)
-            ours = builder.device_mesh(layout)
+            ours = FastDeviceMesh.from_layout(builder, layout)
             assert_same_mesh(ours, theirs)
             for k in range(1, len(names) + 1):
                 for sub in itertools.combinations(names, k):
                     assert_same_mesh(ours[sub], theirs[sub])
-            flat = builder.device_mesh(layout.flatten("all"))
+            flat = FastDeviceMesh.from_layout(builder, layout.flatten("all"))
             assert_same_mesh(flat, theirs._flatten("all"))
 
 
@@ -372,7 +374,7 @@ def test_device_mesh_slicing_and_coordinates():
     world = MeshLayout.world(W)
     layout = world.unflatten("world", (2, 3, 4), ("a", "b", "c"))
     with fake_world(W, 17):
-        dm = MeshBuilder(world).device_mesh(layout)
+        dm = FastDeviceMesh.from_layout(MeshBuilder(world), layout)
         assert dm.get_coordinate() == tuple(layout.coordinate_of(17))
         assert dm["b", "c"].mesh.tolist() == layout["b", "c"].mesh_of(17).tolist()
         assert dm["a"].get_local_rank() == 1
@@ -406,7 +408,7 @@ def test_layout_from_another_world_is_rejected():
         with pytest.raises(DistributedStateError, match="not over this builder's world"):
             builder.process_group(other, "a")
         with pytest.raises(DistributedStateError):
-            builder.device_mesh(MeshLayout.world(4))
+            FastDeviceMesh.from_layout(builder, MeshLayout.world(4))
         assert isinstance(DistributedStateError("m"), (RankmeshError, RuntimeError))
 
 

@@ -1,4 +1,4 @@
-"""Real process groups and ``DeviceMesh`` objects for the calling rank, from rankmesh layouts.
+"""This rank's process groups, from rankmesh layouts (the layer below the meshes).
 
 A rank needs only its own group in each mesh dimension, so :class:`MeshBuilder` asks the layout
 for exactly that group (O(group size)) and creates it with the strategy that cannot hang and
@@ -11,12 +11,14 @@ scales (see docs/design.md, "Process groups"):
 - size-1 dims and dims asked to be fake: a group on the ``fake`` backend (no communication; for
   one rank every collective is the identity, so it is also correct);
 - a dim spanning the whole world: the default group itself, as torch does;
-- one process group per distinct (rank partition, backend), shared by every mesh and dim name
-  that uses it, created in the same order on every rank (torch's hashed group names count the
-  groups created before, so members only agree on a name if they agree on the order).
+- one process group per distinct (rank partition, backend, dim name), created in the same order
+  on every rank (torch's hashed group names count the groups created before, so members only
+  agree on a name if they agree on the order).
 
-Example, as on every rank of an 8-rank gloo job (after ``dist.init_process_group("gloo")``);
-here one process plays rank 5 of the job on torch's ``fake`` backend, which needs no peers::
+The builder knows nothing of ``DeviceMesh``: :meth:`rankmesh.mesh.FastDeviceMesh.from_layout`
+makes meshes over its groups. Example, as on every rank of an 8-rank gloo job (after
+``dist.init_process_group("gloo")``); here one process plays rank 5 of the job on torch's
+``fake`` backend, which needs no peers::
 
     >>> import torch.distributed as dist
     >>> from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -24,14 +26,16 @@ here one process plays rank 5 of the job on torch's ``fake`` backend, which need
     >>> world = MeshLayout.world(8)
     >>> mesh = world.unflatten("world", (2, 2, 2), ("dp_replicate", "dp_shard", "tp"))
     >>> builder = MeshBuilder(world, device_type="cpu")
-    >>> dm = builder.device_mesh(mesh)
-    >>> dm["dp_replicate", "dp_shard"].shape
-    (2, 2)
-    >>> dist.get_process_group_ranks(dm.get_group("tp"))  # rank 5's tp group
+    >>> dist.get_process_group_ranks(builder.process_group(mesh, "tp"))  # rank 5's tp group
     [4, 5]
-    >>> builder.report().created  # one group per dim, none shared here
-    3
+    >>> dist.get_process_group_ranks(builder.process_group(mesh, "dp_shard"))
+    [5, 7]
+    >>> builder.report().created  # one group per dim asked for
+    2
     >>> dist.destroy_process_group()
+
+On ranks 4 and 5 the tp group is ``[4, 5]``, on ranks 6 and 7 ``[6, 7]``: each rank creates
+only its own, and a layout of another world raises ``MeshArgumentError``.
 """
 
 from __future__ import annotations
@@ -39,29 +43,25 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, as_u64, check_str, type_name
+from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, check_str, type_name
 from rankmesh._fast_groups import new_member_group, split_member_group, split_non_member
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
-    ConfigMismatchError,
-    ConsistencyTimeoutError,
     DistributedStateError,
     MeshArgumentError,
-    UnknownNameError,
 )
 
-__all__ = ["BuildReport", "MeshBuilder", "check_consistency"]
+__all__ = ["BuildReport", "MeshBuilder", "check_backend_name", "require_default_group"]
 
 logger = logging.getLogger("rankmesh")
 
@@ -145,7 +145,8 @@ class _Counters:
 
 
 class MeshBuilder:
-    """Creates this rank's process groups and ``DeviceMesh`` objects for layouts of one world.
+    """Creates this rank's process groups for layouts of one world (``DeviceMesh`` objects over
+    them: :meth:`rankmesh.mesh.FastDeviceMesh.from_layout`).
 
     Args:
         world: the world layout (``MeshLayout.world(W, rank_map)``) every layout passed later
@@ -196,7 +197,7 @@ class MeshBuilder:
         self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
         self._keepalive: list[Any] = []
         self._groups: dict[tuple[Any, ...], dist.ProcessGroup | None] = {}  # by rankmesh._groups.group_key
-        self._mesh_world: Any = None  # rankmesh.mesh's state shared by this builder's meshes
+        self._layer_state: dict[str, Any] = {}  # state the layers above keep per builder: layer_state()
         self._known: set[MeshLayout] = set()
         self._counters = _Counters()
         self._fake_ready = False
@@ -334,57 +335,14 @@ class MeshBuilder:
             return pg
         return self._create(key, ranks, name, backend, pg_options, timeout, group_desc or f"mesh_{name}")
 
-    def device_mesh(
-        self,
-        layout: MeshLayout,
-        *,
-        fake_dims: Sequence[str | int] = (),
-    ) -> DeviceMesh:
-        """A ``DeviceMesh`` of ``layout`` for this rank, over this builder's process groups: a
-        :class:`rankmesh.mesh.FastDeviceMesh` (a root mesh whose slices, flattens and unflattens
-        stay O(group size) and share this builder's groups).
-
-        Equal to what torch builds for the same layout (``init_device_mesh`` + ``_unflatten`` /
-        slicing / ``_flatten``): same ``mesh``, group ranks, coordinate, local ranks and names.
-        ``fake_dims`` (names or indices) get ``fake``-backend groups, as does every size-1 dim.
-        """
-        self._check_layout(layout)
-        names = tuple(layout.names)
-        if isinstance(fake_dims, str) or not isinstance(fake_dims, Iterable):
-            raise ArgumentTypeError(
-                f"fake_dims must be a sequence of dim names or indices, got {type_name(fake_dims)} {fake_dims!r}"
-                + (f"; write ({fake_dims!r},)" if isinstance(fake_dims, str) else ""),
-                field="fake_dims",
-                value=fake_dims,
-            )
-        fake_idx = set()
-        for i, d in enumerate(fake_dims):
-            if isinstance(d, str):
-                check_str(d, f"fake_dims[{i}]")
-                if d not in names:
-                    raise UnknownNameError(
-                        f"fake_dims[{i}] = {d!r} is not a dim of the layout; name one of {names} (or its index)",
-                        field="fake_dims",
-                        value=d,
-                    )
-                fake_idx.add(names.index(d))
-            else:
-                d = as_int(d, f"fake_dims[{i}]")
-                layout.size(d)  # raises DimOutOfRangeError
-                fake_idx.add(d % len(names))
-        from rankmesh import _torch_compat
-
-        if _torch_compat.fast_meshes_available():
-            from rankmesh.mesh import _mesh_from_layout
-
-            return _mesh_from_layout(self, layout, self._device_type, fake_idx)
-        # An unknown torch: torch's own DeviceMesh over the same process groups (O(W) per mesh).
-        groups = [self.process_group(layout, i, fake=i in fake_idx, mesh_dim_name=names[i]) for i in range(len(names))]
-        mesh = torch.from_numpy(layout.mesh_of(self._rank))
-        # Always the n-D form of from_group, also for one dim: the 1-D form re-reads the group's
-        # ranks (O(W) in Python for a world-sized group) and rejects a mesh that is not in
-        # sorted order, which a rank map can legitimately produce.
-        return DeviceMesh.from_group(groups, self._device_type, mesh=mesh, mesh_dim_names=names)
+    def layer_state(self, layer: str, make: Callable[[], Any]) -> Any:
+        """The state a layer above keeps for this builder (made by ``make()`` on first use), e.g.
+        the world that every ``DeviceMesh`` :mod:`rankmesh.mesh` makes over this builder's groups
+        shares. The builder itself never reads it."""
+        state = self._layer_state.get(layer)
+        if state is None:
+            state = self._layer_state[layer] = make()
+        return state
 
     def report(self) -> BuildReport:
         """Process groups created so far, by backend, and how many dims reused one."""
@@ -581,139 +539,3 @@ def _check_group_args(
     check_str(group_desc, "group_desc", optional=True)
     check_str(tag, "tag", optional=True)
     return backend, None if timeout is None else as_timeout(timeout, "timeout")
-
-
-# -- consistency check -------------------------------------------------------------------------
-
-_TWO63 = 1 << 63
-
-
-def _to_i64(fp: int) -> int:
-    """Order-preserving map of a u64 onto int64: ``fp - 2**63``."""
-    return fp - _TWO63
-
-
-def _from_i64(v: int) -> int:
-    return v + _TWO63
-
-
-def _collective_device(pg: dist.ProcessGroup) -> torch.device:
-    device_types = {d.type for d in getattr(pg, "_device_types", [])}
-    if not device_types or "cpu" in device_types:
-        return torch.device("cpu")
-    bound = getattr(pg, "bound_device_id", None)
-    if bound is not None:
-        return bound
-    acc = torch.accelerator.current_accelerator()
-    if acc is None:  # pragma: no cover - a group without CPU backend needs an accelerator
-        return torch.device("cpu")
-    return torch.device(acc.type, torch.accelerator.current_device_index())
-
-
-def _wait(work: Any, timeout: datetime.timedelta, what: str, fingerprint: int, pg: dist.ProcessGroup) -> None:
-    try:
-        ok = work.wait(timeout=timeout)
-    except RuntimeError as e:  # gloo / nccl raise on timeout
-        raise ConsistencyTimeoutError(
-            f"rankmesh consistency check: not every one of the {pg.size()} ranks reached the "
-            f"{what} within {timeout.total_seconds():g} s ({e}). A rank crashed, is stuck, or "
-            "runs a different code path (for example its own configuration failed validation). "
-            "Check every rank's logs; make all ranks run the same configuration",
-            field="timeout",
-            value=timeout.total_seconds(),
-            fingerprint=fingerprint,
-        ) from e
-    if ok is False:
-        raise ConsistencyTimeoutError(
-            f"rankmesh consistency check: the {what} did not complete within "
-            f"{timeout.total_seconds():g} s; not every rank reached it",
-            field="timeout",
-            value=timeout.total_seconds(),
-            fingerprint=fingerprint,
-        )
-
-
-def check_consistency(
-    fingerprint: int,
-    *,
-    group: dist.ProcessGroup | None = None,
-    timeout: float | datetime.timedelta = 300.0,
-) -> None:
-    """Prove that every rank of ``group`` (default: the world) holds the same 64-bit fingerprint.
-
-    One tiny collective (an all-reduce MAX of 2 int64: the fingerprint and its complement, which
-    gives the minimum and maximum over all ranks). If they differ, a second tiny all-reduce finds
-    how many ranks hold the extremes and one rank of each, and every rank raises
-    :class:`~rankmesh.errors.ConfigMismatchError` naming its fingerprint and the others',
-    instead of hanging later in a group creation or collective that only some ranks enter.
-    If not every rank enters within ``timeout``, raises
-    :class:`~rankmesh.errors.ConsistencyTimeoutError` (a ``ConfigMismatchError``). After a
-    timeout the group may be unusable: treat it as fatal.
-
-    The arguments are checked before any communication, so a malformed one fails on the rank
-    that passed it and names it, instead of surfacing as a timeout blamed on the other ranks:
-
-    - ``fingerprint``: an integer (``__index__``, not a bool, float or str: two ranks holding
-      1.5 and 1.9 must not "agree") in ``0 .. 2**64 - 1``; else
-      :class:`~rankmesh.errors.ArgumentTypeError` or :class:`~rankmesh.errors.LayoutOverflowError`;
-    - ``timeout``: seconds (int or float) or a ``datetime.timedelta``, finite and at least 1 ms;
-      else :class:`~rankmesh.errors.ArgumentTypeError` (a str, a bool) or
-      :class:`~rankmesh.errors.InvalidTimeoutError` (zero, negative, NaN, infinite);
-    - ``group``: ``None`` or a ``ProcessGroup`` this rank belongs to; else
-      :class:`~rankmesh.errors.ArgumentTypeError`.
-
-    Use e.g. ``layout.fingerprint()`` or ``ParallelDims(...).fingerprint``; call it on every
-    rank, before building meshes.
-    """
-    fp = as_u64(fingerprint, "fingerprint")
-    timeout = as_timeout(timeout, "timeout")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        outside = type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER
-        raise ArgumentTypeError(
-            "group is GroupMember.NON_GROUP_MEMBER: this rank is not in the group; call check_consistency "
-            "only on the group's members"
-            if outside
-            else f"group must be a torch.distributed.ProcessGroup or None (the world), got {type_name(group)} "
-            f"{group!r}",
-            field="group",
-            value=group,
-        )
-    require_default_group("check_consistency")
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    device = _collective_device(pg)
-    v = _to_i64(fp)
-    t = torch.tensor([v, ~v], dtype=torch.int64, device=device)
-    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=pg, async_op=True)
-    _wait(work, timeout, "fingerprint all-reduce", fp, pg)
-    hi, neg_lo = t.tolist()
-    fmax, fmin = _from_i64(hi), _from_i64(~neg_lo)
-    if fmin == fmax == fp:
-        return
-    # Mismatch: every rank sees it (same reduction). One more tiny collective for the message.
-    me = dist.get_rank(pg)
-    n = pg.size()
-    s = torch.tensor(
-        [int(fp == fmin), int(fp == fmax), -(me if fp == fmin else n), -(me if fp == fmax else n)],
-        dtype=torch.int64,
-        device=device,
-    )
-    counts, firsts = s[:2].clone(), s[2:].clone()
-    w1 = dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=pg, async_op=True)
-    w2 = dist.all_reduce(firsts, op=dist.ReduceOp.MAX, group=pg, async_op=True)
-    _wait(w1, timeout, "mismatch census", fp, pg)
-    _wait(w2, timeout, "mismatch census", fp, pg)
-    n_min, n_max = counts.tolist()
-    r_min, r_max = (-x for x in firsts.tolist())
-    raise ConfigMismatchError(
-        f"rankmesh consistency check failed on rank {me} of {n}: ranks disagree on the "
-        f"configuration. This rank's fingerprint is {fp:#018x}; the lowest fingerprint, "
-        f"{fmin:#018x}, is held by {n_min} rank(s) (e.g. rank {r_min}) and the highest, "
-        f"{fmax:#018x}, by {n_max} rank(s) (e.g. rank {r_max}). Every rank must build the same "
-        "meshes: give all ranks the same parallelism degrees, world size and rank map (same "
-        "command line, config files and environment), then restart the job",
-        field="fingerprint",
-        value=fp,
-        fingerprint=fp,
-        min_fingerprint=fmin,
-        max_fingerprint=fmax,
-    )
