@@ -302,6 +302,18 @@ def test_other_refusals():
             rm.initialize_model_parallel(pipeline_model_parallel_comm_backend="mpi")
 
 
+def test_ucc_pipeline_refused_before_any_group(monkeypatch):
+    """The UCC pipeline backend with CUDA_DEVICE_MAX_CONNECTIONS=1 is refused by the checks,
+    before the first group (megatron-core raises it after making its dp/cp/tp groups)."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    with fake_world(8, 0, MESHFAKE):
+        before = len(c10d._world.pg_map)
+        with pytest.raises(MegatronConfigError, match="CUDA_DEVICE_MAX_CONNECTIONS") as e:
+            rm.initialize_model_parallel(pipeline_model_parallel_comm_backend="ucc")
+        assert (e.value.field, e.value.value) == ("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        assert len(c10d._world.pg_map) == before and not ps.model_parallel_is_initialized()
+
+
 def test_unsupported_megatron_core_is_refused(monkeypatch):
     monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: "0.15.2")
     with pytest.raises(UnsupportedVersionError, match=r"<0.17,>=0.16|>=0.16,<0.17") as e:

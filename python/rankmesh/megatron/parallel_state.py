@@ -15,6 +15,7 @@ import datetime
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rankmesh._check import check_str
@@ -191,7 +192,78 @@ def initialize_model_parallel(
         >>> ps.get_tensor_model_parallel_world_size()  # doctest: +SKIP
         8
     """
-    import torch
+    c = _check(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
+        use_sharp=use_sharp,
+        context_parallel_size=context_parallel_size,
+        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+        hybrid_context_parallel=hybrid_context_parallel,
+        expert_model_parallel_size=expert_model_parallel_size,
+        num_distributed_optimizer_instances=num_distributed_optimizer_instances,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+        nccl_communicator_config_path=nccl_communicator_config_path,
+        distributed_timeout_minutes=distributed_timeout_minutes,
+        order=order,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+        create_gloo_process_groups=create_gloo_process_groups,
+        high_priority_stream_groups=high_priority_stream_groups,
+        sharp_enabled_group=sharp_enabled_group,
+        create_all_gather_group=create_all_gather_group,
+    )
+    new, hybrid, builder = _make(c)
+    _install(c, new, hybrid, builder)
+    return builder.report()
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What :func:`_check` leaves for :func:`_make` and :func:`_install`: the arguments checked
+    and resolved, and megatron-core's ``parallel_state`` module."""
+
+    ps: Any
+    m: Any  # rankmesh.megatron.layout.ModelParallelLayout
+    world_size: int
+    rank: int
+    sharp_enabled_group: str | None
+    nccl_comm_cfgs: dict[str, Any]
+    timeout: datetime.timedelta
+    gloo: bool
+    create_all_gather_group: bool | None
+    hybrid_context_parallel: bool
+    pp_backend: str | None
+    virtual_pipeline_model_parallel_size: int | None
+    default_embd: bool
+    default_pos: bool
+
+
+def _check(
+    *,
+    tensor_model_parallel_size: int,
+    pipeline_model_parallel_size: int,
+    virtual_pipeline_model_parallel_size: int | None,
+    pipeline_model_parallel_comm_backend: str | None,
+    use_sharp: bool,
+    context_parallel_size: int,
+    hierarchical_context_parallel_sizes: list[int] | None,
+    hybrid_context_parallel: bool,
+    expert_model_parallel_size: int,
+    num_distributed_optimizer_instances: int,
+    expert_tensor_parallel_size: int | None,
+    nccl_communicator_config_path: str | None,
+    distributed_timeout_minutes: int,
+    order: str,
+    get_embedding_ranks: Callable[..., list[int]] | None,
+    get_position_embedding_ranks: Callable[..., list[int]] | None,
+    create_gloo_process_groups: bool,
+    high_priority_stream_groups: list[str] | None,
+    sharp_enabled_group: str | None,
+    create_all_gather_group: bool | None,
+) -> _Checked:
+    """Everything megatron-core checks, before any group exists; the configuration resolved."""
     import torch.distributed as dist
 
     from rankmesh.megatron.layout import (
@@ -200,7 +272,6 @@ def initialize_model_parallel(
         default_position_embedding_ranks,
         model_parallel_layout,
     )
-    from rankmesh.process_groups import MeshBuilder
 
     ps = parallel_state()
     # SHARP may only be enabled for the first communicator created with NCCL_COLLNET_ENABLE=1.
@@ -292,8 +363,15 @@ def initialize_model_parallel(
             field="hybrid_context_parallel",
             value=dp_cp_size,
         )
-    n_do = m.num_distributed_optimizer_instances
-
+    if pipeline_model_parallel_comm_backend == "ucc":
+        max_connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        if max_connections == "1":
+            raise MegatronConfigError(
+                "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
+                "communication is serialised; unset it or set it to e.g. 8",
+                field="CUDA_DEVICE_MAX_CONNECTIONS",
+                value=max_connections,
+            )
     nccl_comm_cfgs: dict[str, Any] = {}
     if nccl_communicator_config_path is not None:
         try:
@@ -307,18 +385,56 @@ def initialize_model_parallel(
     for pg_name in high_priority_stream_groups or []:
         ps.overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
 
-    def options(cfg_name: str) -> Any:
-        return ps.get_nccl_options(cfg_name, nccl_comm_cfgs)
+    for name in ("embd", "pos_embd"):
+        fn = m.get_embedding_ranks if name == "embd" else m.get_position_embedding_ranks
+        pp_ranks = m.decoder.my_group(rank, "pp").tolist()
+        got = [int(r) for r in fn(pp_ranks)]
+        if not set(got) <= set(pp_ranks) or len(set(got)) != len(got) or not got:
+            raise MegatronConfigError(
+                f"get_{'' if name == 'embd' else 'position_'}embedding_ranks({pp_ranks[:8]}) returned "
+                f"{got[:8]}: it must return distinct ranks of the pipeline group it is given",
+                field="get_embedding_ranks" if name == "embd" else "get_position_embedding_ranks",
+                value=got[:8],
+            )
 
-    timeout = datetime.timedelta(minutes=distributed_timeout_minutes)
-    builder = MeshBuilder(MeshLayout.world(world_size), size_one_fake=False)
-    default_embd = get_embedding_ranks is None or get_embedding_ranks is default_embedding_ranks
-    default_pos = get_position_embedding_ranks in (None, default_position_embedding_ranks)
+    return _Checked(
+        ps=ps,
+        m=m,
+        world_size=world_size,
+        rank=rank,
+        sharp_enabled_group=sharp_enabled_group,
+        nccl_comm_cfgs=nccl_comm_cfgs,
+        timeout=datetime.timedelta(minutes=distributed_timeout_minutes),
+        gloo=create_gloo_process_groups,
+        create_all_gather_group=create_all_gather_group,
+        hybrid_context_parallel=hybrid_context_parallel,
+        pp_backend=pipeline_model_parallel_comm_backend,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        default_embd=get_embedding_ranks is None or get_embedding_ranks is default_embedding_ranks,
+        default_pos=get_position_embedding_ranks in (None, default_position_embedding_ranks),
+    )
+
+
+def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
+    """This rank's groups, in megatron-core's creation order: the ``parallel_state`` globals to
+    set, the hybrid-cp groups by size, and the builder that made them."""
+    import torch
+    import torch.distributed as dist
+
+    from rankmesh.megatron.layout import GROUP_DESCRIPTIONS
+    from rankmesh.process_groups import MeshBuilder
+
+    ps, m, rank, gloo, n_do = c.ps, c.m, c.rank, c.gloo, c.m.num_distributed_optimizer_instances
+    timeout = c.timeout
+    builder = MeshBuilder(MeshLayout.world(c.world_size), size_one_fake=False)
+
+    def options(cfg_name: str) -> Any:
+        return ps.get_nccl_options(cfg_name, c.nccl_comm_cfgs)
 
     def layout_of(name: str) -> MeshLayout | None:
         lay = m.layout(name)
         if lay is None and (
-            (name == "embd" and default_embd and m.pp <= 2) or (name == "pos_embd" and default_pos and m.pp == 1)
+            (name == "embd" and c.default_embd and m.pp <= 2) or (name == "pos_embd" and c.default_pos and m.pp == 1)
         ):
             lay = m.layout("pp")  # every rank's embedding group is its pipeline group
         return lay
@@ -352,29 +468,14 @@ def initialize_model_parallel(
         g = m.group(rank, name)
         return None if g is None else g.tolist()
 
-    for name in ("embd", "pos_embd"):
-        fn = m.get_embedding_ranks if name == "embd" else m.get_position_embedding_ranks
-        pp_ranks = m.decoder.my_group(rank, "pp").tolist()
-        got = [int(r) for r in fn(pp_ranks)]
-        if not set(got) <= set(pp_ranks) or len(set(got)) != len(got) or not got:
-            raise MegatronConfigError(
-                f"get_{'' if name == 'embd' else 'position_'}embedding_ranks({pp_ranks[:8]}) returned "
-                f"{got[:8]}: it must return distinct ranks of the pipeline group it is given",
-                field="get_embedding_ranks" if name == "embd" else "get_position_embedding_ranks",
-                value=got[:8],
-            )
-
     new: dict[str, Any] = {}
-    gloo = create_gloo_process_groups
 
     # dp-cp first: with SHARP, only the first communicator created may use it.
-    if sharp_enabled_group == "dp":
+    if c.sharp_enabled_group == "dp":
         os.environ["NCCL_COLLNET_ENABLE"] = "1"
     new["_DATA_PARALLEL_GROUP_WITH_CP"] = make("dp_cp")
     new["_DATA_PARALLEL_GROUP_WITH_CP_AG"] = (
-        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG", tag="all_gather")
-        if create_all_gather_group
-        else None
+        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG", tag="all_gather") if c.create_all_gather_group else None
     )
     new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
         make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo", pg_options=None) if gloo else None
@@ -390,14 +491,14 @@ def initialize_model_parallel(
     else:
         new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = new["_DATA_PARALLEL_GROUP_WITH_CP"]
         new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"]
-    if sharp_enabled_group == "dp":
+    if c.sharp_enabled_group == "dp":
         # NCCL creates communicators lazily: one collective makes the SHARP-enabled one now.
         dist.barrier(group=new["_DATA_PARALLEL_GROUP_WITH_CP"], device_ids=[torch.cuda.current_device()])
         torch.cuda.synchronize()
         os.environ.pop("NCCL_COLLNET_ENABLE", None)
 
     hybrid: dict[int, Any] = {}
-    if hybrid_context_parallel:
+    if c.hybrid_context_parallel:
         dp_cp = ranks("dp_cp")
         pos = dp_cp.index(rank)
         for size in [2**i for i in range(int(math.log2(len(dp_cp))))][1:]:
@@ -429,16 +530,8 @@ def initialize_model_parallel(
     new["_TENSOR_MODEL_PARALLEL_GROUP"] = make("tp")
     new["_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("tp")
 
-    pp_backend = pipeline_model_parallel_comm_backend
+    pp_backend = c.pp_backend
     if pp_backend == "ucc":
-        max_connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
-        if max_connections == "1":
-            raise MegatronConfigError(
-                "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
-                "communication is serialised; unset it or set it to e.g. 8",
-                field="CUDA_DEVICE_MAX_CONNECTIONS",
-                value=max_connections,
-            )
         for key, value in _UCC_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
         os.environ.update(_UCC_ENV_FORCED)
@@ -472,7 +565,7 @@ def initialize_model_parallel(
         else None
     )
     if n_do > 1:
-        if sharp_enabled_group == "dp_replica":
+        if c.sharp_enabled_group == "dp_replica":
             os.environ["NCCL_COLLNET_ENABLE"] = "1"
         new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("intra_ep_dp")
         # megatron-core also creates a level-1 gloo group but keeps no reference to it: not made here.
@@ -482,7 +575,7 @@ def initialize_model_parallel(
             else None
         )
         new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("inter_ep_dp")
-        if sharp_enabled_group == "dp_replica":
+        if c.sharp_enabled_group == "dp_replica":
             inter = new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"]
             dist.barrier(group=inter, device_ids=[torch.cuda.current_device()])
             torch.cuda.synchronize()
@@ -492,10 +585,17 @@ def initialize_model_parallel(
         new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"]
     new["_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] = make("intra_dist_opt_instance")
 
-    # -- install, all at once ----------------------------------------------------------------------
-    if virtual_pipeline_model_parallel_size is not None:
+    return new, hybrid, builder
+
+
+def _install(c: _Checked, new: dict[str, Any], hybrid: dict[int, Any], builder: Any) -> None:
+    """Sets megatron-core's ``parallel_state`` globals all at once, as its own call leaves them."""
+    import torch.distributed as dist
+
+    ps = c.ps
+    if c.virtual_pipeline_model_parallel_size is not None:
         new["_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK"] = 0
-        new["_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE"] = virtual_pipeline_model_parallel_size
+        new["_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE"] = c.virtual_pipeline_model_parallel_size
     for name, value in new.items():
         setattr(ps, name, value)
     ps._HYBRID_DP_CP_GROUPS.update(hybrid)
@@ -511,7 +611,6 @@ def initialize_model_parallel(
 
     global _last_builder
     _last_builder = builder
-    return builder.report()
 
 
 def destroy_model_parallel() -> None:
