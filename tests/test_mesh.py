@@ -343,7 +343,7 @@ def run_recipe(ch: Replay, shape, names, perm, form, override) -> None:
 
     our_root, their_root = build_both(shape, names, perm, override, rank_map_form=form)
     # torch's hash, computed without making the W-long rank-map tuple
-    assert hash(our_root) == hash(their_root) and our_root._rm_world._flat is None
+    assert hash(our_root) == hash(their_root) and our_root._rm_world._rank_map_tuple is None
     assert_same_mesh(our_root, their_root, our_root, their_root)
     pairs = [(our_root, their_root)]
     for _ in range(ch.draw(st.integers(1, 8))):
@@ -956,14 +956,14 @@ def test_a_million_rank_world_is_built_and_sliced_without_materialising_the_rank
         assert dense["dp_shard", "cp"]._flatten("fsdp").mesh.tolist() == full[pp, dr, :, :, tp].reshape(-1).tolist()
         assert all(m.mesh.numel() < W for m in first[2:] + second[1:])
         for m in first + second:
-            assert m._rm_world._flat is None and m._rm_world._rank_map is None
+            assert m._rm_world._rank_map_tuple is None and m._rm_world._rank_map is None
         # _flatten_rank_map: made once per world, on demand, the same object on every mesh of it
         flat = dense["tp"]._flatten_rank_map
         assert isinstance(flat, tuple) and len(flat) == W
         assert flat[index] == rank and flat[:5] == tuple(placed[:5].tolist()) and flat[-1] == placed[-1]
         for m in first:
             assert m._flatten_rank_map is flat
-        assert root._rm_world._flat is None  # another world: another init_device_mesh call
+        assert root._rm_world._rank_map_tuple is None  # another world: another init_device_mesh call
         assert root._flatten_rank_map is not flat and root._flatten_rank_map == flat
 
 

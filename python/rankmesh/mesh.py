@@ -101,8 +101,8 @@ class _World:
         self.rank = as_int(rank, "rank")
         self.builder = builder
         self._rank_map: torch.Tensor | None = None
-        self._flat: tuple[int, ...] | None = None
-        self._flat_hash: int | None = None
+        self._rank_map_tuple: tuple[int, ...] | None = None
+        self._rank_map_hash: int | None = None
         self._lock = threading.Lock()
         # Every fast mesh has a world, so this is where torch's class learns to derive fast
         # meshes from fast meshes (idempotent; a no-op once installed).
@@ -112,32 +112,37 @@ class _World:
         """The world's rank map as torch holds it (int32, 1-D, contiguous); made once."""
         if self._rank_map is None:
             RANK_MAP_MATERIALISATIONS["rank_map"] += 1
-            rm = self.layout.rank_map()
+            rank_map = self.layout.rank_map()
             with torch.device("cpu"):
-                t = torch.arange(self.layout.world_size, dtype=torch.int) if rm is None else torch.from_numpy(rm)
+                t = (
+                    torch.arange(self.layout.world_size, dtype=torch.int)
+                    if rank_map is None
+                    else torch.from_numpy(rank_map)
+                )
             self._rank_map = t
         return self._rank_map
 
-    def flat(self) -> tuple[int, ...]:
+    def rank_map_tuple(self) -> tuple[int, ...]:
         """torch's ``_flatten_rank_map``: the rank map as a W-long tuple; made once."""
         with self._lock:
-            if self._flat is None:
+            if self._rank_map_tuple is None:
                 RANK_MAP_MATERIALISATIONS["flatten_rank_map"] += 1
-                self._flat = tuple(self.rank_map().tolist())
-            return self._flat
+                self._rank_map_tuple = tuple(self.rank_map().tolist())
+            return self._rank_map_tuple
 
-    def flat_hash(self) -> int:
+    def rank_map_hash(self) -> int:
         """``hash(_flatten_rank_map)``: computed by the native module without building the tuple
         (O(W) integer work, nothing world-sized), or by Python when the start-up check found the
         native hash differs from this interpreter's."""
         with self._lock:
-            if self._flat_hash is None:
+            if self._rank_map_hash is None:
                 if compat.native_tuple_hash_ok():
-                    self._flat_hash = self.layout.rank_map_tuple_hash()
+                    self._rank_map_hash = self.layout.rank_map_tuple_hash()
                 else:  # pragma: no cover - an interpreter whose tuple hash we do not know
                     RANK_MAP_MATERIALISATIONS["python_hash"] += 1
-                    self._flat_hash = hash(self._flat if self._flat is not None else tuple(self.rank_map().tolist()))
-            return self._flat_hash
+                    ranks = self._rank_map_tuple
+                    self._rank_map_hash = hash(ranks if ranks is not None else tuple(self.rank_map().tolist()))
+            return self._rank_map_hash
 
     def same(self, other: _World) -> bool:
         return self is other or self.matches(other.layout, other.rank)
@@ -150,7 +155,7 @@ def _modes(tl: _MeshLayout, i: int) -> list[tuple[int, int]]:
     return list(zip(tl[i].shape, tl[i].stride))
 
 
-def _flat(modes: Sequence[tuple[int, int]]) -> _FlatLayout:
+def _flat_layout(modes: Sequence[tuple[int, int]]) -> _FlatLayout:
     """torch's ``_FlatLayout`` of already-coalesced modes, without re-running pycute's coalesce
     (rankmesh's Rust core coalesces exactly as ``_FlatLayout.__init__`` does; the start-up
     self-check and the test suite compare the two)."""
@@ -160,9 +165,9 @@ def _flat(modes: Sequence[tuple[int, int]]) -> _FlatLayout:
     return fl
 
 
-def _torch_layout(rm: MeshLayout, dims: Sequence[int] | None = None) -> _MeshLayout:
+def _torch_layout(rm_layout: MeshLayout, dims: Sequence[int] | None = None) -> _MeshLayout:
     """torch's ``_MeshLayout`` of (some dims of) a rankmesh layout, O(modes)."""
-    return _MeshLayout([_flat(rm.modes(i)) for i in (range(rm.ndim) if dims is None else dims)])
+    return _MeshLayout([_flat_layout(rm_layout.modes(i)) for i in (range(rm_layout.ndim) if dims is None else dims)])
 
 
 def _mesh_order(own: tuple[str, ...], names: Sequence[str]) -> list[int] | None:
@@ -173,13 +178,14 @@ def _mesh_order(own: tuple[str, ...], names: Sequence[str]) -> list[int] | None:
     return None
 
 
-def _check_agree(rm: MeshLayout, tl: _MeshLayout) -> None:
+def _check_agree(rm_layout: MeshLayout, tl: _MeshLayout) -> None:
     """rankmesh's Rust layout and torch's ``_MeshLayout`` of one recipe must be the same modes."""
-    if rm.ndim != len(tl) or any(list(map(tuple, rm.modes(i))) != _modes(tl, i) for i in range(rm.ndim)):
+    n = rm_layout.ndim
+    if n != len(tl) or any(list(map(tuple, rm_layout.modes(i))) != _modes(tl, i) for i in range(n)):
         raise InternalError(  # pragma: no cover - would be a rankmesh bug; never build a wrong mesh
-            f"rankmesh and torch derived different layouts: {rm!r} vs {tl}; please report this",
+            f"rankmesh and torch derived different layouts: {rm_layout!r} vs {tl}; please report this",
             field="layout",
-            value=rm,
+            value=rm_layout,
         )
 
 
@@ -376,7 +382,7 @@ class FastDeviceMesh(DeviceMesh):
     def _make(
         cls,
         world: _World,
-        rm: MeshLayout,
+        rm_layout: MeshLayout,
         tl: _MeshLayout,
         device_type: str,
         names: tuple[str, ...] | None,
@@ -386,7 +392,7 @@ class FastDeviceMesh(DeviceMesh):
         self = object.__new__(cls)
         d = self.__dict__
         d["_rm_world"] = world
-        d["_rm_layout"] = rm
+        d["_rm_layout"] = rm_layout
         d["_device_type"] = device_type
         d["_layout"] = tl
         d["_mesh_dim_names"] = names
@@ -397,7 +403,7 @@ class FastDeviceMesh(DeviceMesh):
         d["_pg_registry"] = {}
         d["_dim_group_names"] = group_names
         d["_rank"] = world.rank
-        d["_coordinate_on_dim"] = tuple(rm.coordinate_of(world.rank))
+        d["_coordinate_on_dim"] = tuple(rm_layout.coordinate_of(world.rank))
         d["_hash"] = None
         return self
 
@@ -409,7 +415,7 @@ class FastDeviceMesh(DeviceMesh):
 
     @property
     def _flatten_rank_map(self) -> tuple[int, ...]:
-        return self._rm_world.flat()
+        return self._rm_world.rank_map_tuple()
 
     @property
     def mesh(self) -> torch.Tensor:
@@ -439,7 +445,7 @@ class FastDeviceMesh(DeviceMesh):
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")
         if not h:
-            h = hash((_HashOf(self._rm_world.flat_hash()), *compat.eq_fields(self)))
+            h = hash((_HashOf(self._rm_world.rank_map_hash()), *compat.eq_fields(self)))
             self.__dict__["_hash"] = h
         return h
 
@@ -488,11 +494,11 @@ class FastDeviceMesh(DeviceMesh):
             names.append(pg.group_name)
         return names
 
-    def _groups_for(self, rm: MeshLayout, dims: Sequence[int], overrides: Sequence[BackendConfig]) -> list[str]:
+    def _groups_for(self, rm_layout: MeshLayout, dims: Sequence[int], overrides: Sequence[BackendConfig]) -> list[str]:
         b = self._builder()
-        names = rm.names
+        names = rm_layout.names
         pgs = [
-            b.process_group(rm, d, backend=o[0], pg_options=o[1], mesh_dim_name=names[d])
+            b.process_group(rm_layout, d, backend=o[0], pg_options=o[1], mesh_dim_name=names[d])
             for d, o in zip(dims, overrides)
         ]
         return self._register(pgs)
@@ -529,13 +535,14 @@ class FastDeviceMesh(DeviceMesh):
             else:  # a flattened dim sliced from the root (deprecated in torch, still supported)
                 group_names.append(self._flatten_mapping[name]._dim_group_names[0])
         if _mesh_order(own, submesh_dim_names) is not None:
-            rm = self._rm_layout[tuple(submesh_dim_names)]
+            rm_layout = self._rm_layout[tuple(submesh_dim_names)]
         else:  # size-1 dims out of mesh order (torch accepts them) or flattened names
-            rm = self._rm_layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(submesh_dim_names))
-            _check_agree(rm, layout)
+            modes = [_modes(layout, i) for i in range(len(layout))]
+            rm_layout = self._rm_layout.with_modes(modes, list(submesh_dim_names))
+            _check_agree(rm_layout, layout)
         root = self._get_root_mesh()
         return FastDeviceMesh._make(
-            self._rm_world, rm, layout, self._device_type, tuple(submesh_dim_names), group_names, root
+            self._rm_world, rm_layout, layout, self._device_type, tuple(submesh_dim_names), group_names, root
         )
 
     def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
@@ -555,8 +562,8 @@ class FastDeviceMesh(DeviceMesh):
         # torch's root rule (above) decides which names are taken; the Rust layout's own root is
         # the ("world",) layout it was derived from, whose names torch does not reserve.
         src = self._rm_layout
-        rm = src.with_modes([[m for i in range(src.ndim) for m in src.modes(i)]], [mesh_dim_name])
-        tl = _torch_layout(rm)
+        rm_layout = src.with_modes([[m for i in range(src.ndim) for m in src.modes(i)]], [mesh_dim_name])
+        tl = _torch_layout(rm_layout)
         existing = root._flatten_mapping.get(mesh_dim_name)
         if existing is not None:
             if existing._layout == tl:
@@ -567,11 +574,11 @@ class FastDeviceMesh(DeviceMesh):
                 field="mesh_dim_name",
                 value=mesh_dim_name,
             )
-        group_names = self._groups_for(rm, [0], [backend_override])
-        flat = FastDeviceMesh._make(
-            self._rm_world, rm, tl, root._device_type, (mesh_dim_name,), group_names, root
+        group_names = self._groups_for(rm_layout, [0], [backend_override])
+        flattened = FastDeviceMesh._make(
+            self._rm_world, rm_layout, tl, root._device_type, (mesh_dim_name,), group_names, root
         )
-        root._flatten_mapping[mesh_dim_name] = flat
+        root._flatten_mapping[mesh_dim_name] = flattened
 
     def _unflatten(  # type: ignore[override]
         self,
@@ -635,14 +642,14 @@ class FastDeviceMesh(DeviceMesh):
                 value=tuple(mesh_sizes),
             )
         # rankmesh's algebra first: it names the field at fault (e.g. a name that exists already).
-        rm = self._rm_layout.unflatten(dim, mesh_sizes, mesh_dim_names)
+        rm_layout = self._rm_layout.unflatten(dim, mesh_sizes, mesh_dim_names)
         new_dims = list(range(dim, dim + len(mesh_sizes)))
-        tl = self._layout.splice(dim, dim + 1, _torch_layout(rm, new_dims))
-        new_names = self._groups_for(rm, new_dims, backend_override)
+        tl = self._layout.splice(dim, dim + 1, _torch_layout(rm_layout, new_dims))
+        new_names = self._groups_for(rm_layout, new_dims, backend_override)
         group_names = list(self._dim_group_names)
         group_names[dim : dim + 1] = new_names
         return FastDeviceMesh._make(
-            self._rm_world, rm, tl, self._device_type, tuple(rm.names), group_names, self._get_root_mesh()
+            self._rm_world, rm_layout, tl, self._device_type, tuple(rm_layout.names), group_names, self._get_root_mesh()
         )
 
     # -- rankmesh extras ---------------------------------------------------------------------------
@@ -689,9 +696,10 @@ def _concatenate(meshes: Sequence[DeviceMesh]) -> FastDeviceMesh | None:
     layout = _MeshLayout([axis for m in meshes for axis in m._layout])
     if not layout.collapse().check_orthogonal():
         return None  # torch raises "Cannot concatenate overlapping meshes"
-    rm = world.layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(names))
+    rm_layout = world.layout.with_modes([_modes(layout, i) for i in range(len(layout))], list(names))
     group_names = [g for m in meshes for g in m._dim_group_names]
-    return FastDeviceMesh._make(world, rm, layout, first._device_type, names, group_names, first._get_root_mesh())
+    root = first._get_root_mesh()
+    return FastDeviceMesh._make(world, rm_layout, layout, first._device_type, names, group_names, root)
 
 
 def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
@@ -734,8 +742,8 @@ def _working_order(mesh: FastDeviceMesh, names: tuple[str, ...]) -> tuple[str, .
     it is checked with torch's own ``check_sorted``/``check_orthogonal``."""
     own = tuple(mesh._mesh_dim_names or ())
     root = mesh._get_root_mesh()
-    flat = {k: m._layout[0] for k, m in root._flatten_mapping.items()} if mesh is root else {}
-    layout_of = {n: mesh._layout[own.index(n)] if n in own else flat[n] for n in names}
+    flattened_layouts = {k: m._layout[0] for k, m in root._flatten_mapping.items()} if mesh is root else {}
+    layout_of = {n: mesh._layout[own.index(n)] if n in own else flattened_layouts[n] for n in names}
     if len(set(names)) != len(names):
         return None
     order = tuple(sorted(names, key=lambda n: -max(_strides(layout_of[n].stride), default=0)))
@@ -828,18 +836,18 @@ def init_device_mesh(
         return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
 
     rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
-    rm = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
-    tl = _torch_layout(rm)
+    rm_layout = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
+    tl = _torch_layout(rm_layout)
     builder = MeshBuilder(world_layout, device_type=device_type, size_one_fake=size_one_fake)
     world = _world_of(builder)
-    probe = FastDeviceMesh._make(world, rm, tl, device_type, names, [], None)
-    probe._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
-    group_names = probe._groups_for(rm, range(len(shape)), overrides)
-    probe.__dict__["_dim_group_names"] = group_names
+    root = FastDeviceMesh._make(world, rm_layout, tl, device_type, names, [], None)
+    root._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
+    group_names = root._groups_for(rm_layout, range(len(shape)), overrides)
+    root.__dict__["_dim_group_names"] = group_names
     if names is None:
         # torch keeps unnamed meshes unnamed; the Rust layout needs names, the mesh does not.
-        probe.__dict__["_mesh_dim_names"] = None
-    return probe
+        root.__dict__["_mesh_dim_names"] = None
+    return root
 
 
 def _torch_init(
@@ -853,8 +861,8 @@ def _torch_init(
     """torch's own construction of the same mesh (the fallback on an unknown torch)."""
     from torch.distributed.device_mesh import init_device_mesh as torch_init
 
-    rm = world_layout.rank_map()
-    if rm is None:
+    rank_map = world_layout.rank_map()
+    if rank_map is None:
         return torch_init(
             device_type,
             shape,
@@ -863,7 +871,7 @@ def _torch_init(
         )
     return DeviceMesh(
         device_type,
-        torch.from_numpy(rm).reshape(shape),
+        torch.from_numpy(rank_map).reshape(shape),
         mesh_dim_names=names,
         backend_override=overrides,
     )
