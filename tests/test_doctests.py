@@ -77,3 +77,27 @@ def test_docstring_examples_run(name):
         return
     assert skipped == 0, f"{name} skips {skipped} examples; make them run on the fake backend instead"
     assert result.attempted > 0, f"no examples ran in {name}"
+
+
+def test_stub_examples_run():
+    """The examples in the extension's stub (``_native.pyi``: the extension's own docstrings are
+    short) run against the extension and print what they show."""
+    import ast
+    from pathlib import Path
+
+    import rankmesh._native
+
+    stub = Path(rankmesh.__file__).with_name("_native.pyi")
+    tree = ast.parse(stub.read_text())
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    globs = {**vars(rankmesh._native), "rankmesh": rankmesh}  # the stub's names, as its examples use them
+    attempted = 0
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc and ">>>" in doc:
+                test = parser.get_doctest(doc, dict(globs), f"_native.pyi:{node.name}", str(stub), node.lineno)
+                runner.run(test)
+                attempted += len(test.examples)
+    result = runner.summarize(verbose=False)
+    assert attempted > 0 and result.failed == 0, f"{result.failed} of {attempted} stub examples failed (see above)"

@@ -77,6 +77,19 @@ class MeshLayout:
     def __getitem__(self, key: str | tuple[str, ...] | list[str]) -> MeshLayout:
         """Slices by one name or a tuple of names, in mesh order, like ``DeviceMesh.__getitem__``.
 
+        A slice keeps the named dims; each rank's part of it is the slice through that rank's
+        coordinate in the other dims. Over 8 ranks as ``(pp, dp, tp) = (2, 2, 2)``, the ``(pp, tp)``
+        slice on ranks 0, 1, 4, 5 (dp = 0) is the mesh ``[[0, 1], [4, 5]]``, on ranks 2, 3, 6, 7
+        it is ``[[2, 3], [6, 7]]``; names out of mesh order are refused with an order that works:
+
+        >>> m = MeshLayout.world(8).unflatten("world", (2, 2, 2), ("pp", "dp", "tp"))
+        >>> m["pp", "tp"].mesh_of(5).tolist(), m["pp", "tp"].mesh_of(2).tolist()
+        ([[0, 1], [4, 5]], [[2, 3], [6, 7]])
+        >>> m["tp", "pp"]
+        Traceback (most recent call last):
+            ...
+        rankmesh.errors.SliceOrderError: names ["tp", "pp"] are not in mesh order ...; ... e.g. ["pp", "tp"]
+
         Raises:
             UnknownNameError (also a ``KeyError``), SliceOrderError (``value`` is the names as
             given; the message suggests an order that slices), EmptySliceError,

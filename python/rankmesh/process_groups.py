@@ -312,6 +312,29 @@ class MeshBuilder:
         A second call with the same partition and key arguments returns the first group. A group
         of the whole world without overrides or tag is the default group; a one-rank group is a
         real group on its backend (never ``fake``: on the split path every rank must split).
+
+        Example: Megatron's embedding groups with pp = 4 over 8 ranks (pipelines ``[0, 2, 4, 6]``
+        and ``[1, 3, 5, 7]``; the first and last stage of each hold the embedding). On ranks 0
+        and 6 this returns the group ``[0, 6]``, on ranks 1 and 7 the group ``[1, 7]``; ranks
+        2-5 pass ``None`` and get ``None`` (they still make the call). Here one process plays
+        rank 6, then rank 3, on the ``fake`` backend::
+
+            >>> import torch.distributed as dist
+            >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+            >>> dist.init_process_group("fake", store=FakeStore(), rank=6, world_size=8)
+            >>> builder = MeshBuilder(MeshLayout.world(8))
+            >>> dist.get_process_group_ranks(builder.subset_group("embd", [0, 6], name="embd"))
+            [0, 6]
+            >>> dist.destroy_process_group()
+            >>> dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=8)
+            >>> builder = MeshBuilder(MeshLayout.world(8))
+            >>> builder.subset_group("embd", None, name="embd") is None  # rank 3 holds no embedding
+            True
+            >>> builder.subset_group("embd", [0, 6], name="embd")  # a group without the caller
+            Traceback (most recent call last):
+                ...
+            rankmesh.errors.DistributedStateError: members of 'embd' must include this rank (3), got [0, 6]; ...
+            >>> dist.destroy_process_group()
         """
         check_str(name, "name")
         try:

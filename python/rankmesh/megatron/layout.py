@@ -912,6 +912,24 @@ def model_parallel_layout(
     ``num_distributed_optimizer_instances``, and when the hierarchical cp sizes do not multiply to
     cp. A degree that is not an int raises :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``)
     and one < 1 :class:`~rankmesh.InvalidSizeError`.
+
+    Example, Megatron's hierarchical context-parallel groups: cp = 4 over 8 ranks, split into
+    levels of 2 and 2. On ranks 0-3 the cp group is ``[0, 1, 2, 3]``, on ranks 4-7
+    ``[4, 5, 6, 7]``; inside it level 0 pairs neighbours (``[0, 1]`` on ranks 0 and 1,
+    ``[2, 3]`` on ranks 2 and 3) and level 1 pairs across (``[0, 2]`` on ranks 0 and 2,
+    ``[1, 3]`` on ranks 1 and 3). Levels that do not multiply to cp are refused:
+
+    >>> m = model_parallel_layout(8, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 2])
+    >>> [m.group(r, "cp").tolist() for r in (1, 5)]
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> [m.group(1, level).tolist() for level in ("hcp_l0", "hcp_l1")]
+    [[0, 1], [1, 3]]
+    >>> [m.group(2, level).tolist() for level in ("hcp_l0", "hcp_l1")]
+    [[2, 3], [0, 2]]
+    >>> model_parallel_layout(8, context_parallel_size=4, hierarchical_context_parallel_sizes=[3, 2])
+    Traceback (most recent call last):
+        ...
+    rankmesh.errors.MegatronConfigError: hierarchical_context_parallel_sizes [3, 2] multiply to 6, not cp (4)
     """
     world_size = positive_int(world_size, "world_size")
     tp = positive_int(tensor_model_parallel_size, "tensor_model_parallel_size")
