@@ -8,7 +8,7 @@
 # or a fresh clone from GitHub) into a temporary directory; nothing of torchtitan is committed
 # here. The tests import `torchtitan.distributed.ParallelDims` and patch
 # `torchtitan.distributed.parallel_dims.device_type`; a three-file shim package, first on
-# PYTHONPATH, makes that module *be* rankmesh.parallel_dims. CI cannot reach GitHub, so this is a
+# PYTHONPATH, makes that module *be* rankmesh.torchtitan.parallel_dims. CI cannot reach GitHub, so this is a
 # documented command rather than a CI step (the result is in the README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,11 +26,11 @@ git -C "$REPO" show "$COMMIT:tests/unit_tests/test_parallel_dims.py" > "$TMP/tes
 mkdir -p "$TMP/shim/torchtitan/distributed"
 echo '"""Shim: torchtitan.distributed is rankmesh here (scripts/torchtitan_upstream_tests.sh)."""' \
   > "$TMP/shim/torchtitan/__init__.py"
-echo 'from rankmesh.parallel_dims import ParallelDims  # noqa: F401' > "$TMP/shim/torchtitan/distributed/__init__.py"
+echo 'from rankmesh.torchtitan.parallel_dims import ParallelDims  # noqa: F401' > "$TMP/shim/torchtitan/distributed/__init__.py"
 cat > "$TMP/shim/torchtitan/distributed/parallel_dims.py" <<'PY'
 import sys
 
-import rankmesh.parallel_dims as _rankmesh_parallel_dims
+import rankmesh.torchtitan.parallel_dims as _rankmesh_parallel_dims
 
 sys.modules[__name__] = _rankmesh_parallel_dims
 PY
@@ -39,7 +39,7 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 "$PY" -c "import expecttest" 2>/dev/null || "$PY" -m pip install -q expecttest
 cd "$TMP"
 PYTHONPATH="$TMP/shim${PYTHONPATH:+:$PYTHONPATH}" "$PY" - <<'PY'
-import torchtitan.distributed.parallel_dims as m, rankmesh.parallel_dims as r
+import torchtitan.distributed.parallel_dims as m, rankmesh.torchtitan.parallel_dims as r
 assert m is r, m
 print("torchtitan.distributed.parallel_dims is", m.__name__, "from", m.__file__)
 PY

@@ -169,7 +169,7 @@ def test_count_is_the_number_of_distinct_partitions(convention, world, kw):
 )
 def test_count_equals_the_torch_layers_real_build(world, kw):
     """The number ``plan`` prints is what ParallelDims + MeshBuilder create on a rank."""
-    parallel_dims = pytest.importorskip("rankmesh.parallel_dims")
+    parallel_dims = pytest.importorskip("rankmesh.torchtitan.parallel_dims")
 
     with fake_world(world, 3):
         pd = parallel_dims.ParallelDims(**kw, world_size=world)
@@ -361,7 +361,7 @@ def test_flags_the_api_refuses_give_the_apis_error(capsys, monkeypatch, tmp_path
 )  # fmt: skip
 def test_torchtitan_degrees_are_refused_like_parallel_dims(kw):
     """``rankmesh plan`` refuses torchtitan degrees with ParallelDims' own error: type, message, field."""
-    parallel_dims = pytest.importorskip("rankmesh.parallel_dims")
+    parallel_dims = pytest.importorskip("rankmesh.torchtitan.parallel_dims")
     full = dict(dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, etp=1) | kw
     with pytest.raises(RankmeshError) as theirs:
         parallel_dims.ParallelDims(**full, world_size=64).layouts  # the sparse check runs with the layouts
@@ -452,13 +452,33 @@ def test_bench_passes_arguments_through(monkeypatch):
 
 def test_bench_model_goes_to_the_model_benchmark(monkeypatch):
     import rankmesh.bench
-    import rankmesh.bench_model
+    import rankmesh.bench.model
 
     seen = []
-    monkeypatch.setattr(rankmesh.bench_model, "main", lambda argv=None: seen.append(argv) or 0)
+    monkeypatch.setattr(rankmesh.bench.model, "main", lambda argv=None: seen.append(argv) or 0)
     monkeypatch.setattr(rankmesh.bench, "main", lambda argv=None: pytest.fail("the mesh benchmark ran"))
     assert main(["bench", "model", "--workload", "fsdp_tp"]) == 0
     assert seen == [["--workload", "fsdp_tp"]]
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("4096", "got 4096; for 4,096 ranks pass --worlds 12"),
+        ("12,0", "got 0"),
+        ("31", "got 31"),
+        ("12,x", "comma-separated integers"),
+    ],
+)
+def test_bench_worlds_are_log2_sizes(capsys, text, says):
+    import argparse
+
+    from rankmesh.bench import parse_worlds
+
+    assert parse_worlds(argparse.ArgumentParser(), "17,20") == [131_072, 1_048_576]
+    with pytest.raises(SystemExit):
+        parse_worlds(argparse.ArgumentParser(prog="rankmesh bench"), text)
+    assert says in capsys.readouterr().err
 
 
 def test_python_dash_m_rankmesh():

@@ -164,7 +164,7 @@ def test_local_gpus(tmp_path):
 def test_eager_nccl_single_process_mesh(monkeypatch):
     """In-process, world of 1: the builder picks split_group (though every dim here is the
     default group or fake, so none is split), and the meshes work on CUDA."""
-    from rankmesh.parallel_dims import ParallelDims
+    from rankmesh.torchtitan.parallel_dims import ParallelDims
 
     device = _nccl_world_of_one(monkeypatch)
     try:

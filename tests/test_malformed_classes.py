@@ -39,10 +39,10 @@ from rankmesh.errors import (
 from rankmesh.megatron import RankGenerator, model_parallel_layout
 from rankmesh.megatron.hyper_comm_grid import HyperCommGrid
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
-from rankmesh.parallel_dims import ParallelDims
 from rankmesh.plan import build_plan
 from rankmesh.single import single_mesh
 from rankmesh.topology import topology_report
+from rankmesh.torchtitan.parallel_dims import ParallelDims
 
 from tests.conftest import fake_world
 
@@ -101,7 +101,7 @@ def test_1_flatten_name_taken_by_the_root_is_a_duplicate_name_error(small_world)
     expect(lambda: fast["dp"]._flatten("world"), DuplicateNameError, "mesh_dim_name", "world")
     expect(lambda: small_world["mesh"]["dp"]._flatten("tp"), DuplicateNameError, "mesh_dim_name", "tp")
     # torchtitan's flattened loss dim is chosen under the same rule
-    from rankmesh import _torchtitan as tt
+    from rankmesh.torchtitan import layouts as tt
 
     deg = tt.degrees(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=1, etp=1)
     expect(lambda: tt.layouts(W, deg, loss_name="world"), DuplicateNameError, "name", "world")

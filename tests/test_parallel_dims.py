@@ -1,13 +1,13 @@
-"""rankmesh.ParallelDims against ``rankmesh._stock``, rankmesh's own transcription of torchtitan
+"""rankmesh.ParallelDims against ``rankmesh.bench.stock``, rankmesh's own transcription of torchtitan
 183a0d2's mesh construction on stock torch.
 
-What the oracle is: not torchtitan. ``rankmesh._stock`` (also the benchmarks' baseline) is code
+What the oracle is: not torchtitan. ``rankmesh.bench.stock`` (also the benchmarks' baseline) is code
 inside rankmesh that writes torchtitan's recipe against plain ``torch.distributed.DeviceMesh``:
 ``init_device_mesh(device_type, (W,), ("world",))``, three ``_unflatten`` with a fake
 ``backend_override`` for disabled dims and ``batch``, and
 ``dataloading["batch", "cp"]._flatten("loss_mesh")``. Comparing with it checks rankmesh's meshes
 and process groups against stock torch's, but its reading of torchtitan (which dims exist, which
-are fake, how big each is) is rankmesh's, shared with ``rankmesh._torchtitan``: a misreading of
+are fake, how big each is) is rankmesh's, shared with ``rankmesh.torchtitan.layouts``: a misreading of
 torchtitan made in both would pass here. The independent torchtitan checks come from torchtitan
 itself: tests/test_torchtitan_accel.py builds the installed torchtitan 0.3.0's own
 ``ParallelDims`` on stock torch and on rankmesh and compares everything it hands out;
@@ -35,8 +35,8 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rankmesh._stock import mesh_exists
-from rankmesh._stock import stock_build as _stock_build
+from rankmesh.bench.stock import mesh_exists
+from rankmesh.bench.stock import stock_build as _stock_build
 from rankmesh.errors import (
     ArgumentTypeError,
     MeshArgumentError,
@@ -46,7 +46,7 @@ from rankmesh.errors import (
     SliceOrderError,
     UnknownNameError,
 )
-from rankmesh.parallel_dims import ParallelDims
+from rankmesh.torchtitan.parallel_dims import ParallelDims
 from torch.distributed.device_mesh import DeviceMesh
 
 from tests.conftest import MESHFAKE, fake_world
@@ -59,11 +59,11 @@ GLOBAL = {
 }
 
 
-# -- the oracle: rankmesh._stock, rankmesh's transcription of torchtitan's build on stock torch ---
+# -- the oracle: rankmesh.bench.stock, rankmesh's transcription of torchtitan's build on stock torch ---
 
 
 def transcribed_build(cfg: dict[str, int], world_size: int):
-    """torchtitan 183a0d2's meshes as rankmesh._stock transcribes them, built by stock torch
+    """torchtitan 183a0d2's meshes as rankmesh.bench.stock transcribes them, built by stock torch
     (also the benchmarks' baseline). Returns (world, globals, 1-D meshes, the transcription's
     mesh-exists predicate)."""
     b = _stock_build(**cfg, world_size=world_size, device_type="cpu")

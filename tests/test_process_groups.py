@@ -19,7 +19,6 @@ import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rankmesh import MeshLayout, process_groups
-from rankmesh._torchtitan import fake_dims as fake_dims_of
 from rankmesh.consistency import _from_i64, _to_i64, check_consistency
 from rankmesh.errors import (
     ConfigMismatchError,
@@ -30,8 +29,9 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.mesh import FastDeviceMesh
-from rankmesh.parallel_dims import ParallelDims
 from rankmesh.process_groups import BuildReport, MeshBuilder
+from rankmesh.torchtitan.layouts import fake_dims as fake_dims_of
+from rankmesh.torchtitan.parallel_dims import ParallelDims
 from torch.distributed.device_mesh import DeviceMesh
 
 from tests.conftest import fake_world

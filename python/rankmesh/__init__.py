@@ -57,8 +57,8 @@ from rankmesh.topology import rank_map_from_hosts, topology_report
 if TYPE_CHECKING:
     from rankmesh.consistency import check_consistency
     from rankmesh.mesh import FastDeviceMesh, init_device_mesh
-    from rankmesh.parallel_dims import ParallelDims
     from rankmesh.process_groups import BuildReport, MeshBuilder
+    from rankmesh.torchtitan.parallel_dims import ParallelDims
 
 from rankmesh._native import __version__ as __version__  # Cargo.toml's, built into the extension
 
@@ -66,7 +66,7 @@ from rankmesh._native import __version__ as __version__  # Cargo.toml's, built i
 _LAZY = {
     "init_device_mesh": "rankmesh.mesh",
     "FastDeviceMesh": "rankmesh.mesh",
-    "ParallelDims": "rankmesh.parallel_dims",
+    "ParallelDims": "rankmesh.torchtitan.parallel_dims",
     "MeshBuilder": "rankmesh.process_groups",
     "BuildReport": "rankmesh.process_groups",
     "check_consistency": "rankmesh.consistency",

@@ -333,9 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``rankmesh`` command; returns the exit status (0 ok, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["bench", "model"]:  # time to a parallelised model
-        from rankmesh import bench_model
+        from rankmesh.bench import model
 
-        return int(bench_model.main(argv[2:]) or 0)
+        return int(model.main(argv[2:]) or 0)
     if argv and argv[0] == "bench":  # the meshes alone
         from rankmesh import bench
 

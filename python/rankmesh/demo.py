@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from rankmesh import ParallelDims
-    from rankmesh._stock import all_requests, stock_build
+    from rankmesh.bench.stock import all_requests, stock_build
 
     cfg = dict(
         dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, cp=args.cp, tp=args.tp,

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rankmesh import _torchtitan as _tt
 from rankmesh._check import check_str
 from rankmesh._groups import DEFAULT, group_key, is_fake
 from rankmesh._native import MeshLayout
@@ -43,6 +42,7 @@ from rankmesh.errors import ParallelConfigError, UnknownNameError
 from rankmesh.megatron import DEFAULT_ORDER, model_parallel_layout
 from rankmesh.single import single_mesh
 from rankmesh.topology import topology_report
+from rankmesh.torchtitan import layouts as _tt
 
 if TYPE_CHECKING:
     from rankmesh.topology import TopologyReport

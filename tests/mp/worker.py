@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from rankmesh.consistency import check_consistency
 from rankmesh.errors import ConfigMismatchError, ConsistencyTimeoutError
-from rankmesh.parallel_dims import ParallelDims
+from rankmesh.torchtitan.parallel_dims import ParallelDims
 
 CONFIGS = {
     # 8 ranks: HSDP 2 x 2 with TP 2

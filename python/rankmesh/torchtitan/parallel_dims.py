@@ -48,7 +48,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh import _torchtitan as _tt
 from rankmesh._check import as_int, check_str
 from rankmesh._native import MeshLayout
 from rankmesh.consistency import check_consistency as _check_consistency
@@ -62,6 +61,7 @@ from rankmesh.errors import (
 )
 from rankmesh.mesh import init_device_mesh
 from rankmesh.process_groups import BuildReport, require_default_group
+from rankmesh.torchtitan import layouts as _tt
 
 __all__ = ["ParallelDims"]
 
@@ -113,7 +113,7 @@ class ParallelDims:
     # -- validation --------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        # torchtitan's asserts, without torch: rankmesh._torchtitan is their one home (shared
+        # torchtitan's asserts, without torch: rankmesh.torchtitan.layouts is their one home (shared
         # with ``rankmesh plan``); integers by rankmesh._check's rule.
         deg = _tt.resolve_degrees(
             dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,

@@ -15,7 +15,7 @@ Usage::
 
     rankmesh bench model                                   # every workload, worlds 12,17,20
     rankmesh bench model --workload fsdp_tp --worlds 12,20 --repeats 3
-    python -m rankmesh.bench_model --worker rankmesh --workload fsdp_tp --world 1048576
+    python -m rankmesh.bench.model --worker rankmesh --workload fsdp_tp --world 1048576
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from rankmesh.bench import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, parse_worlds, results_dir
+from rankmesh.bench.meshes import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, parse_worlds, results_dir
 
 IMPLS = ("torch", "rankmesh")
 DEFAULT_WORLDS = "12,17,20"
@@ -104,7 +104,7 @@ def measure(impl: str, name: str, world: int) -> dict:
 
 
 def _run_worker(args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "rankmesh.bench_model", *args]
+    cmd = [sys.executable, "-m", "rankmesh.bench.model", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")

@@ -7,7 +7,7 @@ process per measurement standing in for one rank:
 - ``parallel_dims``: torchtitan's ``ParallelDims.build_mesh()`` (commit 183a0d2) plus fetching
   every single-dim mesh and every combination inside one global mesh (56 requests);
   rankmesh = :class:`rankmesh.ParallelDims`, torch = the same recipe on stock torch
-  (:mod:`rankmesh._stock`).
+  (:mod:`rankmesh.bench.stock`).
 - ``titan030``: ``init_device_mesh`` + a torchtitan-0.3.0-style recipe: a ``("world",)`` mesh,
   five ``_unflatten``s (dataloading ``[pp, batch, cp, tp]``, dense for FSDP
   ``[pp, dp_replicate, fsdp, tp]``, dense for forward/backward ``[pp, dp_replicate, dp_shard,
@@ -34,9 +34,9 @@ before), the process groups this rank holds.
 Usage::
 
     rankmesh bench                          # worlds 2^10 .. 2^20, both recipes and paths
-    rankmesh bench model                    # time to a parallelised model (rankmesh.bench_model)
+    rankmesh bench model                    # time to a parallelised model (rankmesh.bench.model)
     rankmesh bench --worlds 10,17 --repeats 3 --recipe titan030 --path new_group
-    python -m rankmesh.bench --worker rankmesh --recipe titan030 --path new_group --world 131072
+    python -m rankmesh.bench.meshes --worker rankmesh --recipe titan030 --path new_group --world 131072
 """
 
 from __future__ import annotations
@@ -199,16 +199,16 @@ def _build(impl: str, recipe: str, world: int) -> int:
         else:
             from torch.distributed.device_mesh import init_device_mesh
         return len(titan030_recipe(init_device_mesh, world))
-    from rankmesh._stock import all_requests
+    from rankmesh.bench.stock import all_requests
 
     if impl == "rankmesh":
-        from rankmesh.parallel_dims import ParallelDims
+        from rankmesh.torchtitan.parallel_dims import ParallelDims
 
         pd = ParallelDims(**CONFIG, world_size=world)
         pd.build_mesh(device_type="cpu")
         get = pd.get_optional_mesh
     else:
-        from rankmesh._stock import stock_build
+        from rankmesh.bench.stock import stock_build
 
         get = stock_build(**CONFIG, world_size=world, device_type="cpu").get_optional_mesh
     return sum(get(r) is not None for r in all_requests())
@@ -225,7 +225,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import rankmesh.mesh  # noqa: F401
-    import rankmesh.parallel_dims  # noqa: F401
+    import rankmesh.torchtitan.parallel_dims  # noqa: F401
 
     if recipe == "torchtitan":
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
@@ -298,7 +298,7 @@ def measure_split_call(world: int) -> dict:
 
 
 def _run_worker(args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "rankmesh.bench", *args]
+    cmd = [sys.executable, "-m", "rankmesh.bench.meshes", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
@@ -311,7 +311,7 @@ def results_dir(out: Path | None) -> Path:
     repository and rankmesh is installed from its wheel), else ``./bench-results``; created."""
     if out is None:
         out = Path("bench-results")
-        for repo in (Path(__file__).resolve().parents[2], Path.cwd()):
+        for repo in (Path(__file__).resolve().parents[3], Path.cwd()):
             if (repo / "benches").is_dir() and (repo / "Cargo.toml").is_file():
                 out = repo / "benches" / "results"
                 break
@@ -319,13 +319,26 @@ def results_dir(out: Path | None) -> Path:
     return out
 
 
+MAX_LOG2_WORLD = 30  # 2^30 ranks: far beyond any job, and still an int64 everywhere
+
+
 def parse_worlds(p: argparse.ArgumentParser, text: str) -> list[int]:
-    """``--worlds`` (comma-separated log2 sizes) as world sizes; a parser error otherwise."""
+    """``--worlds`` (comma-separated log2 sizes, ``17,20``) as world sizes; a parser error otherwise.
+
+    >>> parse_worlds(argparse.ArgumentParser(), "17,20")
+    [131072, 1048576]
+    """
     try:
-        return [1 << int(x) for x in text.split(",")]
+        logs = [int(x) for x in text.split(",")]
     except ValueError:
         p.error(f"--worlds must be comma-separated integers (log2 sizes), got {text!r}")
         raise  # pragma: no cover - p.error exits
+    bad = [x for x in logs if not 1 <= x <= MAX_LOG2_WORLD]
+    if bad:
+        x = bad[0]
+        hint = f"; for {x:,} ranks pass --worlds {x.bit_length() - 1}" if x > 0 and x & (x - 1) == 0 else ""
+        p.error(f"--worlds takes log2 world sizes from 1 to {MAX_LOG2_WORLD} (17 means 131,072 ranks), got {x}{hint}")
+    return [1 << x for x in logs]
 
 
 def _fmt_s(s: float) -> str:

@@ -3,7 +3,7 @@
 One source for :class:`rankmesh.ParallelDims` (which turns them into DeviceMeshes) and for
 ``rankmesh plan`` (which only prints them), the degree checks included: :func:`resolve_degrees`
 and :func:`check_sparse` raise ParallelDims' :class:`~rankmesh.errors.ParallelDimsError`, with
-its messages, without importing torch. ``rankmesh._stock`` keeps its own transcription on
+its messages, without importing torch. ``rankmesh.bench.stock`` keeps its own transcription on
 purpose: it is the independent oracle the tests compare these against.
 
     >>> deg = degrees(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2, etp=1)
