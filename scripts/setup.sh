@@ -26,6 +26,9 @@ if [ ! -f "$stamp" ]; then
 fi
 if [ "${RANKMESH_EDITABLE:-0}" = "1" ]; then
   # Development: build the extension in release mode, install editable (python/ is on the path).
+  # An extension left by an older non-abi3 build would shadow the new one (Python tries
+  # _native.cpython-3XX-*.so before _native.abi3.so), so clear them first.
+  rm -f python/rankmesh/_native.*.so
   python -m maturin develop --release -q >/dev/null
 else
   # What a user gets: one abi3 wheel (CPython >= 3.10) and an sdist in dist/, the wheel installed
