@@ -122,3 +122,92 @@ def test_process_groups_sit_below_the_meshes():
         names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         names |= {a.name.split(".")[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not {n for n in names if "DeviceMesh" in n}, low
+
+
+# -- private torch state: touched in two named modules, each checked at start-up -----------------
+
+# rankmesh._torch_compat (DeviceMesh, the layout algebra) and rankmesh._fast_groups (c10d's group
+# registry) are the only modules that may read torch's private state; each has a start-up check.
+PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups"}
+# Outside the data path, by name, with the reason.
+PRIVATE_ELSEWHERE = {
+    # clear_dtensor_caches empties DTensor's sharding and redistribution caches between benchmark
+    # runs, each through getattr (a cache torch renames is skipped); no group or mesh depends on it.
+    "rankmesh.workloads": {
+        "from torch.distributed.tensor import _collective_utils",
+        "from torch.distributed.tensor import _redistribute",
+        "from torch.distributed.tensor.debug import _clear_sharding_prop_cache",
+    },
+}
+_C10D = ("c10d", "distributed_c10d", "_world", "_C", "_distributed_c10d", "_mesh_layout")
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return "?"
+
+
+def private_torch_uses(tree: ast.AST) -> list[str]:
+    """Imports of torch's private names or modules, and ``<c10d>._x`` reads, in one module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            if node.module.startswith("torch.testing._internal"):  # the fake backend's test helpers
+                continue
+            private_module = any(p.startswith("_") for p in node.module.split("."))
+            found += [f"from {node.module} import {a.name}" for a in node.names if private_module or a.name[0] == "_"]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if _dotted(node.value).split(".")[-1] in _C10D:
+                found.append(_dotted(node))
+    return found
+
+
+def test_private_torch_state_is_touched_only_where_it_is_checked():
+    offenders = {}
+    for name, path in _modules().items():
+        if name not in PRIVATE_HOMES:
+            uses = set(private_torch_uses(ast.parse(path.read_text(), str(path)))) - PRIVATE_ELSEWHERE.get(name, set())
+            if uses:
+                offenders[name] = uses
+    assert not offenders, offenders
+
+
+def test_the_private_use_check_finds_them():
+    src = (
+        "from torch.distributed.distributed_c10d import _world\n"
+        "from torch.distributed._mesh_layout import MeshThing\n"
+        "from torch.testing._internal.distributed.fake_pg import FakeStore\n"
+        "import torch.distributed as dist\n"
+        "x = dist.distributed_c10d._resolve_process_group('g')\n"
+        "n = c10d._world.group_count\n"
+        "ok = dist.get_rank()\n"
+    )
+    assert private_torch_uses(ast.parse(src)) == [
+        "from torch.distributed.distributed_c10d import _world",
+        "from torch.distributed._mesh_layout import MeshThing",
+        "dist.distributed_c10d._resolve_process_group",
+        "c10d._world",
+    ]
+
+
+def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start_up():
+    """What rankmesh.mesh reads, sets or overrides on torch's DeviceMesh is in the self-check's
+    lists (or is the one version-dependent field, or the one patched method)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from rankmesh import _torch_compat as compat
+
+    tree = ast.parse((PACKAGE / "mesh.py").read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}  # overrides
+    read_fields = {f for f, _ in compat._READ_FIELDS}
+    torch_members = set(dir(DeviceMesh)) | set(getattr(DeviceMesh, "__annotations__", {})) | read_fields
+    used = {n for n in names if n.startswith("_") and not n.startswith("__") and n in torch_members}
+    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | read_fields
+    checked |= {"_preserve_rank_order", "_concatenate"}  # HAS_PRESERVE_RANK_ORDER; install_concatenate
+    assert "_dim_group_names" in used and "_layout" in used
+    assert not used - checked, sorted(used - checked)

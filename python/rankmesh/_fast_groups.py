@@ -82,6 +82,7 @@ _FUNCTIONS = (
     "_hash_ranks_to_str",
     "_process_group_name",
     "_use_torchcomms_enabled",
+    "_resolve_process_group",
 )
 _TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg", "group_count")
 
@@ -313,6 +314,21 @@ SPLIT_SHAPE: str | None = _split_shape()
 def group_count() -> int:
     """torch's per-rank group counter (``_world.group_count``)."""
     return c10d._world.group_count
+
+
+def registered_groups() -> int:
+    """How many process groups this rank has registered with torch (``len(_world.pg_map)``, the
+    default group included): what the demo and the benchmarks report as "process groups"."""
+    return len(c10d._world.pg_map)
+
+
+def resolve_group(name: str) -> dist.ProcessGroup | None:
+    """The process group registered under ``name`` on this rank, or None when there is none
+    (torch's ``_resolve_process_group``, which raises for an unknown name)."""
+    try:
+        return c10d._resolve_process_group(name)
+    except (RuntimeError, ValueError):
+        return None
 
 
 @contextlib.contextmanager

@@ -29,11 +29,19 @@ rankmesh mesh of one world, and calls torch's own function otherwise; it is inst
 the first fast mesh of a process, and only on a torch whose ``_concatenate`` the self-check
 recognises.
 
-Process groups: :mod:`rankmesh._fast_groups` holds every read and write of c10d's private group
-registry (``_new_process_group_helper``, ``_register_pg_in_world``, ``_world``'s tables and
-counter, the hashed-name scheme, the backend's ``ProcessGroup.split_group``), with its own
-start-up probes (one for ``new_group``, one for ``split_group``); a torch it does not recognise
-gets torch's own ``new_group`` / ``split_group``.
+Private torch state is read in two modules only, each with a start-up check
+(``tests/test_structure.py`` fails on a private torch name anywhere else in the package):
+
+- here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
+  ``_READ_FIELDS``; a test checks that every one :mod:`rankmesh.mesh` uses is listed), torch's
+  layout algebra (``_MeshLayout``, ``_FlatLayout``, compared with rankmesh's by the self-check),
+  ``_normalize_backend_override`` and c10d's ``Backend.Options``;
+- :mod:`rankmesh._fast_groups`: every read and write of c10d's private group registry
+  (``_new_process_group_helper``, ``_register_pg_in_world``, ``_resolve_process_group``,
+  ``_world``'s tables and counter, the hashed-name scheme, the backend's
+  ``ProcessGroup.split_group``), with its own start-up probes (one for ``new_group``, one for
+  ``split_group``); a torch it does not recognise gets torch's own ``new_group`` /
+  ``split_group``.
 """
 
 from __future__ import annotations
@@ -42,13 +50,29 @@ import re
 import warnings
 
 import torch
+
+# torch's private layout algebra and DeviceMesh helpers that rankmesh.mesh uses, imported here and
+# nowhere else. They exist on every supported torch; if one is renamed, importing rankmesh fails the
+# same way on every rank (an ImportError at start-up, never a hang).
+from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch.distributed._mesh_layout import _FlatLayout as FlatLayout
+from torch.distributed._mesh_layout import _MeshLayout as TorchMeshLayout
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import _normalize_backend_override as normalize_backend_override
+
+#: ``ProcessGroup.Options`` of c10d's backend class, as torch's device_mesh imports it.
+C10dOptions = _C10dBackend.Options
 
 __all__ = [
     "SUPPORTED",
     "TORCH_VERSION",
     "HAS_PRESERVE_RANK_ORDER",
+    "C10dOptions",
+    "FlatLayout",
+    "TorchMeshLayout",
     "eq_fields",
+    "flat_layout",
+    "normalize_backend_override",
     "fast_meshes_available",
     "install_concatenate",
     "native_tuple_hash_ok",
@@ -94,9 +118,33 @@ _REQUIRED_METHODS = (
     "__getitem__",
     "get_group",
 )
-_REQUIRED_FIELDS = ("_rank_map", "_layout", "_mesh_dim_names", "_root_mesh", "_flatten_mapping", "_pg_registry")
+_REQUIRED_FIELDS = (
+    "_rank_map",
+    "_layout",
+    "_mesh_dim_names",
+    "_root_mesh",
+    "_flatten_mapping",
+    "_pg_registry",
+    "_device_type",
+    "_rank",
+    "_thread_id",
+)
+# Fields set in ``__init__`` without a class annotation: (field, the DeviceMesh method whose body
+# must still read it). ``_preserve_rank_order`` is version-dependent (HAS_PRESERVE_RANK_ORDER).
+_READ_FIELDS = (("_dim_group_names", "get_group"), ("_flatten_mapping", "get_group"))
 
 _state: dict[str, object] = {}
+
+
+def flat_layout(modes) -> FlatLayout:
+    """torch's ``_FlatLayout`` of already-coalesced ``(size, stride)`` modes, without re-running
+    pycute's coalesce (rankmesh's Rust core coalesces exactly as ``_FlatLayout.__init__`` does;
+    the self-check below and the test suite compare the two). ``_FlatLayout`` is a frozen
+    dataclass of ``shape`` and ``stride``, which the self-check also checks."""
+    fl = object.__new__(FlatLayout)
+    object.__setattr__(fl, "shape", tuple(int(s) for s, _ in modes))
+    object.__setattr__(fl, "stride", tuple(int(d) for _, d in modes))
+    return fl
 
 # torch's own ``DeviceMesh._concatenate`` (a staticmethod; 2.13-2.15 take one argument, the list).
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
@@ -178,24 +226,30 @@ def _self_check() -> str | None:
     missing = [m for m in _REQUIRED_METHODS if not callable(getattr(DeviceMesh, m, None))]
     annotations = getattr(DeviceMesh, "__annotations__", {})
     missing += [f for f in _REQUIRED_FIELDS if f not in annotations]
+    missing += [
+        f"{field} (read by {method})"
+        for field, method in _READ_FIELDS
+        if field not in getattr(getattr(DeviceMesh, method, None), "__code__", compile("", "", "exec")).co_names
+    ]
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
     concatenate = _concatenate_known()
     if concatenate is not None:
         return f"torch {torch.__version__}: {concatenate}"
     try:
-        from torch.distributed._mesh_layout import _MeshLayout
-
         from rankmesh._native import MeshLayout
 
+        ours = flat_layout([(2, 1), (3, 2)])
+        if set(vars(ours)) != set(vars(FlatLayout((2, 3), (1, 2)))) or ours != FlatLayout((2, 3), (1, 2)):
+            return f"torch {torch.__version__}'s _FlatLayout is no longer a dataclass of shape and stride"
         # The two algebras must agree on a layout that exercises composition and coalescing.
-        tl = _MeshLayout.from_sizes_strides((24,))
-        tl = tl.splice(0, 1, tl[0].composition(_MeshLayout.from_sizes_strides((2, 3, 4))))
+        tl = TorchMeshLayout.from_sizes_strides((24,))
+        tl = tl.splice(0, 1, tl[0].composition(TorchMeshLayout.from_sizes_strides((2, 3, 4))))
         rm = MeshLayout.world(24).unflatten("world", (2, 3, 4), ("a", "b", "c"))
         for i in range(3):
             if tuple(rm.modes(i)) != tuple(zip(tl[i].shape, tl[i].stride)):
                 return f"torch {torch.__version__}'s _MeshLayout disagrees with rankmesh on dim {i}"
-        flat = _MeshLayout([tl[0], tl[2]]).collapse()
+        flat = TorchMeshLayout([tl[0], tl[2]]).collapse()
         if tuple(rm["a", "c"].flatten("f").modes(0)) != tuple(zip(flat.shape, flat.stride)):
             return f"torch {torch.__version__}'s _MeshLayout.collapse disagrees with rankmesh"
     except Exception as e:  # pragma: no cover - only on a torch we do not know

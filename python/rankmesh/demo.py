@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.distributed_c10d import _world
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from rankmesh import ParallelDims
+    from rankmesh._fast_groups import registered_groups
     from rankmesh.bench.stock import all_requests, stock_build
 
     cfg = dict(
@@ -64,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, torch {torch.__version__}, "
         f"config {cfg}"
     )
-    pgs0 = len(_world.pg_map)
+    pgs0 = registered_groups()
     t0 = time.perf_counter()
     pd = ParallelDims(**cfg)
     pd.build_mesh(device_type="cpu")
     ours = {tuple(r): pd.get_optional_mesh(r) for r in requests}
     t_ours = time.perf_counter() - t0
-    pgs_ours = len(_world.pg_map) - pgs0
+    pgs_ours = registered_groups() - pgs0
 
     print(
         f"\nresolved degrees: dp_replicate={pd.dp_replicate} dp_shard={pd.dp_shard} cp={pd.cp} tp={pd.tp} "
@@ -92,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_stock:
         return 0
     print("\nstock torch (torchtitan-style DeviceMesh build), same process and default group ...", flush=True)
-    pgs1 = len(_world.pg_map)
+    pgs1 = registered_groups()
     t0 = time.perf_counter()
     stock = stock_build(**cfg, device_type="cpu")
     theirs = {tuple(r): stock.get_optional_mesh(r) for r in requests}
     t_stock = time.perf_counter() - t0
-    pgs_stock = len(_world.pg_map) - pgs1
+    pgs_stock = registered_groups() - pgs1
 
     mismatches = []
     for key, a in ours.items():

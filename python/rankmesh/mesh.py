@@ -45,13 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _C10dBackend  # as torch's device_mesh imports it
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
+from torch.distributed.device_mesh import DeviceMesh
 
+from rankmesh import _fast_groups
 from rankmesh import _torch_compat as compat
 from rankmesh._check import as_bool, as_int, as_layout, check_str, positive_int, type_name
 from rankmesh._native import MeshLayout
+from rankmesh._torch_compat import C10dOptions as _C10dOptions
+from rankmesh._torch_compat import TorchMeshLayout as _MeshLayout
+from rankmesh._torch_compat import flat_layout as _flat_layout
+from rankmesh._torch_compat import normalize_backend_override as _normalize_backend_override
 from rankmesh.errors import (
     ArgumentTypeError,
     DimOutOfRangeError,
@@ -68,7 +71,6 @@ from rankmesh.process_groups import FAKE, BuildReport, MeshBuilder, check_backen
 __all__ = ["FastDeviceMesh", "init_device_mesh"]
 
 BackendConfig = tuple[Any, Any]
-_C10dOptions = _C10dBackend.Options
 _NO_OVERRIDE: BackendConfig = (None, None)
 
 
@@ -153,16 +155,6 @@ class _World:
 
 def _modes(tl: _MeshLayout, i: int) -> list[tuple[int, int]]:
     return list(zip(tl[i].shape, tl[i].stride))
-
-
-def _flat_layout(modes: Sequence[tuple[int, int]]) -> _FlatLayout:
-    """torch's ``_FlatLayout`` of already-coalesced modes, without re-running pycute's coalesce
-    (rankmesh's Rust core coalesces exactly as ``_FlatLayout.__init__`` does; the start-up
-    self-check and the test suite compare the two)."""
-    fl = object.__new__(_FlatLayout)
-    object.__setattr__(fl, "shape", tuple(int(s) for s, _ in modes))
-    object.__setattr__(fl, "stride", tuple(int(d) for _, d in modes))
-    return fl
 
 
 def _torch_layout(rm_layout: MeshLayout, dims: Sequence[int] | None = None) -> _MeshLayout:
@@ -471,10 +463,7 @@ class FastDeviceMesh(DeviceMesh):
         self.__dict__["_pg_registry"] = {}
         registry = self._get_root_mesh().__dict__.setdefault("_pg_registry", {})
         for name in self._dim_group_names:
-            try:
-                pg = dist.distributed_c10d._resolve_process_group(name)
-            except (RuntimeError, ValueError):
-                continue
+            pg = _fast_groups.resolve_group(name)
             if pg is not None:
                 registry[name] = pg
 

@@ -144,7 +144,7 @@ def _bound_device(path: str, impl: str):
     import torch
     import torch.distributed as dist
 
-    dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)
+    dist.group.WORLD.bound_device_id = torch.device("cuda", 0)
     if impl != "torch":
         yield
         return
@@ -221,11 +221,11 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     import torch.distributed as dist
     import torch.fx.experimental.proxy_tensor  # noqa: F401
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
-    from torch.distributed.distributed_c10d import _world
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import rankmesh.mesh  # noqa: F401
     import rankmesh.torchtitan.parallel_dims  # noqa: F401
+    from rankmesh._fast_groups import registered_groups
 
     if recipe == "torchtitan":
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
@@ -241,7 +241,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     dist.destroy_process_group()
 
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    pgs_before = len(_world.pg_map)
+    pgs_before = registered_groups()
     _reset_peak_rss()
     rss_before = _rss_mb()
     with _bound_device(path, impl):
@@ -256,7 +256,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         "rank": rank,
         "total_s": t1 - t0,
         "meshes_fetched": fetched,
-        "process_groups": len(_world.pg_map) - pgs_before,
+        "process_groups": registered_groups() - pgs_before,
         "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
         "torch": torch.__version__,
     }
@@ -276,7 +276,7 @@ def measure_split_call(world: int) -> dict:
     from rankmesh import _fast_groups as fg
 
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    pg = dist.distributed_c10d._get_default_group()
+    pg = dist.group.WORLD
     pg.bound_device_id = torch.device("cuda", 0)
     ranks = list(range(8))
     own = fg.uses_fast_split()

@@ -69,7 +69,8 @@ def measure(impl: str, name: str, world: int) -> dict:
     import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it)
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
-    from torch.distributed.distributed_c10d import _world
+
+    from rankmesh._fast_groups import registered_groups
 
     fn = _workloads()[name]
     small = _min_world(name)
@@ -79,7 +80,7 @@ def measure(impl: str, name: str, world: int) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-    pgs_before = len(_world.pg_map)
+    pgs_before = registered_groups()
     import gc
 
     gc.collect()  # the warm-up's garbage is not the measured run's (a gen-2 pass costs ~0.15 s here)
@@ -95,7 +96,7 @@ def measure(impl: str, name: str, world: int) -> dict:
         "rank": rank,
         "phases": run.phases,
         "total_s": total,
-        "process_groups": len(_world.pg_map) - pgs_before,
+        "process_groups": registered_groups() - pgs_before,
         "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
         "torch": torch.__version__,
     }
