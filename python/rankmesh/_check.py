@@ -61,6 +61,7 @@ import datetime
 import math
 import numbers
 import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,7 @@ import numpy as np
 from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
+    DuplicateNameError,
     InvalidSizeError,
     InvalidTimeoutError,
     LayoutOverflowError,
@@ -76,6 +78,8 @@ from rankmesh.errors import (
 
 __all__ = [
     "as_int",
+    "as_sequence",
+    "check_unique",
     "positive_int",
     "as_rank",
     "as_u64",
@@ -177,6 +181,62 @@ def as_timeout(value: Any, field: str = "timeout") -> datetime.timedelta:
             value=value,
         )
     return td
+
+
+def as_sequence(value: Any, field: str, what: str, *, noun: str = "a sequence", label: str | None = None) -> tuple:
+    """``value`` (any iterable but a ``str`` or ``bytes``) as a tuple; else
+    :class:`~rankmesh.errors.ArgumentTypeError` naming ``field`` (``label`` in the message when
+    given). A ``str`` is refused even though it iterates: ``("tp")`` is a classic missing comma,
+    and the message shows the fix.
+
+        >>> as_sequence(["dp", "tp"], "mesh_dim_names", "names", noun="a tuple")
+        ('dp', 'tp')
+        >>> as_sequence("tp", "mesh_dim_names", "names", noun="a tuple")
+        Traceback (most recent call last):
+        ...
+        rankmesh.errors.ArgumentTypeError: mesh_dim_names must be a tuple of names, got str 'tp'; write ('tp',)
+        >>> as_sequence("pp", "groups", "group names", noun="a list")
+        Traceback (most recent call last):
+        ...
+        rankmesh.errors.ArgumentTypeError: groups must be a list of group names, got str 'pp'; write ['pp']
+    """
+    if not isinstance(value, (str, bytes)):
+        try:
+            return tuple(value)
+        except TypeError:
+            pass
+    hint = ""
+    if isinstance(value, str):
+        hint = f"; write [{value!r}]" if noun == "a list" else f"; write ({value!r},)"
+    raise ArgumentTypeError(
+        f"{label or field} must be {noun} of {what}, got {type_name(value)} {value!r}{hint}", field=field, value=value
+    )
+
+
+def check_unique(
+    names: Sequence[Any], field: str, message: Callable[[Any], str] | None = None, *, value_is_all: bool = False
+) -> None:
+    """Each of ``names`` once; else :class:`~rankmesh.errors.DuplicateNameError` for the first
+    repeat, naming ``field``. ``message(name)`` gives the text where a convention has its own
+    words (torch's for ``mesh_dim_names``); the error's ``value`` is the repeated name, or all of
+    ``names`` when ``value_is_all``.
+
+        >>> check_unique(("dp", "tp"), "names")
+        >>> check_unique(("dp", "tp", "dp"), "names")
+        Traceback (most recent call last):
+        ...
+        rankmesh.errors.DuplicateNameError: names holds 'dp' twice: ('dp', 'tp', 'dp'); give each its own name
+    """
+    seen: set[Any] = set()
+    for name in names:
+        if name in seen:
+            text = message(name) if message else f"{field} holds {name!r} twice: {names}; give each its own name"
+            raise DuplicateNameError(
+                text,
+                field=field,
+                value=names if value_is_all else name,
+            )
+        seen.add(name)
 
 
 def check_str(value: Any, field: str, *, optional: bool = False) -> None:

@@ -39,7 +39,7 @@ Example (one process standing in for rank 5 of 8 on the fake backend)::
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh import _fast_groups
 from rankmesh import _torch_compat as compat
-from rankmesh._check import as_bool, as_int, as_layout, check_str, positive_int, type_name
+from rankmesh._check import as_bool, as_int, as_layout, as_sequence, check_str, check_unique, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh._torch_compat import C10dOptions as _C10dOptions
 from rankmesh._torch_compat import TorchMeshLayout as _MeshLayout
@@ -181,47 +181,27 @@ def _check_agree(rm_layout: MeshLayout, tl: _MeshLayout) -> None:
         )
 
 
-def _as_tuple(value: Any, field: str, what: str) -> tuple[Any, ...]:
-    """``value`` (any iterable but a str or bytes) as a tuple; else :class:`ArgumentTypeError`."""
-    if isinstance(value, (str, bytes)):
-        hint = f"; write ({value!r},)" if isinstance(value, str) else ""
-        raise ArgumentTypeError(
-            f"{field} must be a tuple of {what}, got the {type_name(value)} {value!r}{hint}",
-            field=field,
-            value=value,
-        )
-    try:
-        return tuple(value)
-    except TypeError:
-        raise ArgumentTypeError(
-            f"{field} must be a tuple of {what}, got {type_name(value)} {value!r}", field=field, value=value
-        ) from None
-
-
 def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
-    names = _as_tuple(value, field, "names")
+    names = as_sequence(value, field, "names", noun="a tuple")
     for i, n in enumerate(names):
         if not isinstance(n, str):
             raise ArgumentTypeError(
                 f"{field}[{i}] must be a str name, got {type_name(n)} {n!r}", field=f"{field}[{i}]", value=n
             )
         check_str(n, f"{field}[{i}]")  # valid UTF-8 text (no lone surrogates)
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise DuplicateNameError(
-                f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
-                "rename one of them",
-                field=field,
-                value=names,
-            )
-        seen.add(n)
+    check_unique(
+        names,
+        field,
+        lambda n: f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
+        "rename one of them",
+        value_is_all=True,
+    )
     return names
 
 
 def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
     """Mesh sizes: each an int >= 1 by :mod:`rankmesh._check`'s rule (no bool, float or str)."""
-    sizes = _as_tuple(value, field, "sizes")
+    sizes = as_sequence(value, field, "sizes", noun="a tuple")
     hint = "; every mesh dimension needs at least one rank"
     return tuple(positive_int(s, f"{field}[{i}]", hint=hint) for i, s in enumerate(sizes))
 
@@ -875,13 +855,7 @@ def _world_of(builder: MeshBuilder) -> _World:
 def _fake_dim_indices(layout: MeshLayout, fake_dims: Sequence[str | int]) -> set[int]:
     """``fake_dims`` (names or indices of ``layout``'s dims) as indices; typed errors otherwise."""
     names = tuple(layout.names)
-    if isinstance(fake_dims, str) or not isinstance(fake_dims, Iterable):
-        raise ArgumentTypeError(
-            f"fake_dims must be a sequence of dim names or indices, got {type_name(fake_dims)} {fake_dims!r}"
-            + (f"; write ({fake_dims!r},)" if isinstance(fake_dims, str) else ""),
-            field="fake_dims",
-            value=fake_dims,
-        )
+    fake_dims = as_sequence(fake_dims, "fake_dims", "dim names or indices")
     fake_idx = set()
     for i, d in enumerate(fake_dims):
         if isinstance(d, str):

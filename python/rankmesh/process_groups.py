@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_timeout, check_str, type_name
+from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_sequence, as_timeout, check_str, type_name
 from rankmesh._fast_groups import new_member_group, split_member_group, split_non_member
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
@@ -469,12 +469,7 @@ class MeshBuilder:
 
     def _members(self, members: Any, name: str) -> list[int]:
         """``members`` of a subset group: distinct ranks of the world, this rank among them; sorted."""
-        if isinstance(members, (str, bytes)) or not isinstance(members, Iterable):
-            raise ArgumentTypeError(
-                f"members of {name!r} must be a sequence of ranks (or None), got {type_name(members)} {members!r}",
-                field="members",
-                value=members,
-            )
+        members = as_sequence(members, "members", "ranks (or None)", label=f"members of {name!r}")
         ranks = sorted(as_rank(r, self._world_size, f"members[{i}]") for i, r in enumerate(members))
         for a, b in zip(ranks, ranks[1:]):
             if a == b:

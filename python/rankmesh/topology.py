@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from rankmesh._check import as_bool, as_layout, as_rank, check_str, positive_int, type_name
+from rankmesh._check import as_bool, as_layout, as_rank, as_sequence, check_str, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ArgumentTypeError, TopologyError, UnknownNameError
 
@@ -90,13 +90,7 @@ def gpus_per_node_from_env() -> int | None:
 
 def _hosts_index(hostnames: Sequence[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
     """(host index of every rank, hosts in order of first appearance, ranks per host)."""
-    if isinstance(hostnames, (str, bytes)) or not isinstance(hostnames, Iterable):
-        raise ArgumentTypeError(
-            f"hostnames must be a sequence with one host name per rank, got {type_name(hostnames)} {hostnames!r}",
-            field="hostnames",
-            value=hostnames,
-        )
-    hosts = list(hostnames)
+    hosts = list(as_sequence(hostnames, "hostnames", "host names (one per rank)"))
     if not hosts:
         raise TopologyError("hostnames is empty; give one host name per rank", field="hostnames", value=hostnames)
     index: dict[str, int] = {}
@@ -258,14 +252,7 @@ class TopologyReport:
 def _hungry_names(hungry: Iterable[str]) -> set[str]:
     """The dim names of the families ``hungry`` names (tp always). An unknown family is an
     :class:`~rankmesh.UnknownNameError` wherever it is given, strict or not: nothing is ignored."""
-    if isinstance(hungry, (str, bytes)) or not isinstance(hungry, Iterable):
-        hint = f"; write ({hungry!r},)" if isinstance(hungry, str) else ""
-        raise ArgumentTypeError(
-            f"strict_dims must be a sequence of family names ({', '.join(BANDWIDTH_HUNGRY)}), got "
-            f"{type_name(hungry)} {hungry!r}{hint}",
-            field="strict_dims",
-            value=hungry,
-        )
+    hungry = as_sequence(hungry, "strict_dims", f"family names ({', '.join(BANDWIDTH_HUNGRY)})")
     names = set(BANDWIDTH_HUNGRY["tp"])
     for i, h in enumerate(hungry):
         if not isinstance(h, str):

@@ -7,11 +7,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rankmesh._check import as_int, check_degrees, check_str, positive_int
+from rankmesh._check import as_int, check_degrees, check_str, check_unique, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     DistributedStateError,
-    DuplicateNameError,
     EmptySliceError,
     GroupExistsError,
     GroupNotCreatedError,
@@ -98,12 +97,9 @@ class HyperCommGrid:
                     f"dim_names[{i}] must be a non-empty str, got {name!r}", field=f"dim_names[{i}]", value=name
                 )
             check_str(name, f"dim_names[{i}]")
-            if name in dim_names[:i]:
-                raise DuplicateNameError(
-                    f"dim name {name!r} appears twice in {dim_names}; give each dim its own name",
-                    field="dim_names",
-                    value=name,
-                )
+        check_unique(
+            dim_names, "dim_names", lambda n: f"dim name {n!r} appears twice in {dim_names}; give each dim its own name"
+        )
         world_size = self._world_size()
         self.rank_offset = as_int(rank_offset, "rank_offset")
         # a grid too large for any world names the size that overflows, before the world compares
@@ -178,10 +174,7 @@ class HyperCommGrid:
                 raise UnknownNameError(
                     f"unknown dim {n!r}; the grid's dims are {self.dim_names}", field="dims", value=n
                 )
-            if names.count(n) > 1:
-                raise DuplicateNameError(
-                    f"dim {n!r} is named twice in {names}; name it once", field="dims", value=n
-                )
+        check_unique(names, "dims", lambda n: f"dim {n!r} is named twice in {names}; name it once")
         ordered = sorted(names, key=rev.index)
         return ordered, "-".join(ordered)
 

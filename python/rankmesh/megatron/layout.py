@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rankmesh._check import as_int, check_degrees, check_str, positive_int
+from rankmesh._check import as_int, check_degrees, check_str, check_unique, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -257,12 +257,8 @@ class RankGenerator:
         self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp}
 
         names = _split_names(order, "order")
-        seen: set[str] = set()
-        for n in names:
-            if n in seen:
-                raise DuplicateNameError(f"order {order!r} names {n!r} twice", field="order", value=n)
-            seen.add(n)
-        missing = [n for n in MEGATRON_DIMS if n not in seen and self.name_to_size[n] != 1]
+        check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice")
+        missing = [n for n in MEGATRON_DIMS if n not in names and self.name_to_size[n] != 1]
         if missing:
             n = missing[0]
 
@@ -280,7 +276,7 @@ class RankGenerator:
                 field="order",
                 value=order,
             )
-        names += [n for n in MEGATRON_DIMS if n not in seen]
+        names += [n for n in MEGATRON_DIMS if n not in names]
         #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
         self.order = "-".join(names)
         #: Sizes in ``order`` (leftmost fastest), as Megatron's ``ordered_size``.

@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankmesh._check import check_str
+from rankmesh._check import as_sequence, check_str
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
-    ArgumentTypeError,
     MegatronConfigError,
     MegatronStateError,
     UnknownNameError,
@@ -302,14 +301,10 @@ def _check(
         )
     # group names: megatron-core ignores one it does not know (a typo silently loses the high
     # priority stream); rankmesh refuses it, with the names get_nccl_options reads
-    if isinstance(high_priority_stream_groups, (str, bytes)):
-        raise ArgumentTypeError(
-            f"high_priority_stream_groups must be a list of group names, got {high_priority_stream_groups!r}; "
-            f"write [{high_priority_stream_groups!r}]",
-            field="high_priority_stream_groups",
-            value=high_priority_stream_groups,
-        )
-    for i, pg_name in enumerate(high_priority_stream_groups or ()):
+    high_priority_stream_groups = as_sequence(
+        high_priority_stream_groups or (), "high_priority_stream_groups", "group names", noun="a list"
+    )
+    for i, pg_name in enumerate(high_priority_stream_groups):
         check_str(pg_name, f"high_priority_stream_groups[{i}]")
         if pg_name not in GROUP_DESCRIPTIONS:
             raise UnknownNameError(

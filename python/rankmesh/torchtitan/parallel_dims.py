@@ -48,13 +48,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh._check import as_int, check_str
+from rankmesh._check import as_int, check_str, check_unique
 from rankmesh._native import MeshLayout
 from rankmesh.consistency import check_consistency as _check_consistency
 from rankmesh.errors import (
     ArgumentTypeError,
     DistributedStateError,
-    DuplicateNameError,
     MeshArgumentError,
     ParallelConfigError,
     UnknownNameError,
@@ -285,13 +284,12 @@ class ParallelDims:
         dims = [dims] if one else list(dims)
         for i, mesh_name in enumerate(dims):
             check_str(mesh_name, "dims" if one else f"dims[{i}]")
-            if mesh_name in dims[:i]:
-                raise DuplicateNameError(
-                    f"mesh dim {mesh_name!r} is named twice in {dims}; name each dim once (torch refuses "
-                    "overlapping dim names, even when the dim is disabled here)",
-                    field="dims",
-                    value=mesh_name,
-                )
+        check_unique(
+            dims,
+            "dims",
+            lambda n: f"mesh dim {n!r} is named twice in {dims}; name each dim once (torch refuses "
+            "overlapping dim names, even when the dim is disabled here)",
+        )
         for mesh_name in dims:
             if mesh_name not in self._meshes:
                 raise UnknownNameError(
