@@ -211,3 +211,16 @@ def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start
     checked |= {"_preserve_rank_order", "_concatenate"}  # HAS_PRESERVE_RANK_ORDER; install_concatenate
     assert "_dim_group_names" in used and "_layout" in used
     assert not used - checked, sorted(used - checked)
+
+
+def test_the_fake_backend_is_registered_in_one_place():
+    """Only rankmesh._fast_groups imports torch's fake backend (register_fake_backend,
+    init_fake_world); docstring examples may, for the reader."""
+    found = {}
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        if any("fake_pg" in m for m in mods):
+            found[name] = sorted(m for m in mods if "fake_pg" in m)
+    assert set(found) == {"rankmesh._fast_groups"}, found

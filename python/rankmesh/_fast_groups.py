@@ -157,7 +157,7 @@ def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
 
 def _probe_reason(backend: str) -> str | None:
     """Make a one-rank probe group both ways and compare every registry entry."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake"; idempotent)
+    register_fake_backend()
 
     me = dist.get_rank()
     ranks = np.asarray([me], dtype=np.int32)
@@ -316,6 +316,21 @@ def group_count() -> int:
     return c10d._world.group_count
 
 
+def register_fake_backend() -> None:
+    """Registers torch's ``fake`` backend with c10d: importing its module does it (idempotent,
+    ~0.3 ms the first time). The one place rankmesh does."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+
+def init_fake_world(world_size: int, rank: int) -> None:
+    """``init_process_group`` on the ``fake`` backend: one process stands in for ``rank`` of a
+    ``world_size``-rank job (the demo, the benchmarks, the workloads)."""
+    register_fake_backend()
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+
+
 def registered_groups() -> int:
     """How many process groups this rank has registered with torch (``len(_world.pg_map)``, the
     default group included): what the demo and the benchmarks report as "process groups"."""
@@ -421,7 +436,7 @@ def _split_probe_reason() -> str | None:
     """Split a one-rank ``fake`` parent both ways and compare every registry entry. Local to this
     rank (the fake backend talks to no one, uses no store), so it cannot hang or collide with a
     real group; the probe leaves no group behind and winds the counter back."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake"; idempotent)
+    register_fake_backend()
 
     me = dist.get_rank()
     w = c10d._world

@@ -34,12 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from rankmesh import ParallelDims
-    from rankmesh._fast_groups import registered_groups
+    from rankmesh._fast_groups import init_fake_world, registered_groups
     from rankmesh.bench.stock import all_requests, stock_build
 
     cfg = dict(
@@ -53,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch.fx.experimental.proxy_tensor  # noqa: F401  (DeviceMesh slicing imports it lazily)
 
     warm = dict(cfg, world_size=256)
-    dist.init_process_group("fake", rank=0, world_size=256, store=FakeStore())
+    init_fake_world(256, 0)
     ParallelDims(**warm).build_mesh(device_type="cpu")
     if not args.no_stock:
         stock_build(**warm, device_type="cpu")
     dist.destroy_process_group()
 
-    dist.init_process_group("fake", rank=args.rank, world_size=args.world_size, store=FakeStore())
+    init_fake_world(args.world_size, args.rank)
     print(
         f"rankmesh demo: rank {args.rank:,} of {args.world_size:,}, fake backend, torch {torch.__version__}, "
         f"config {cfg}"

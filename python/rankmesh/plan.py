@@ -125,9 +125,8 @@ def _torchtitan_plan(
     """torchtitan's ParallelDims (dp_shard=-1 fills the rest) and its meshes, as layouts."""
     d = _tt.resolve_degrees(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
                             world_size=world)  # fmt: skip
-    _tt.check_sparse(dp_shard=d["dp_shard"], cp=cp, tp=tp, ep=ep, etp=etp)
-    dp_shard = d["dp_shard"]
     deg = _tt.degrees(**d)
+    dp_shard = d["dp_shard"]
     built = _tt.layouts(world, deg, loss_name="loss")
     meshes = {k: built[k] for k in ("dataloading", "loss", "dense", "sparse")}
     fake = {k: _tt.fake_dims(k, lay, ep) for k, lay in meshes.items()}

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_sequence, as_timeout, check_str, type_name
-from rankmesh._fast_groups import new_member_group, split_member_group, split_non_member
+from rankmesh._fast_groups import new_member_group, register_fake_backend, split_member_group, split_non_member
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
@@ -510,9 +510,7 @@ class MeshBuilder:
 
     def _ensure_fake_backend(self) -> None:
         if not self._fake_ready:
-            # Registers the "fake" backend's constructor with c10d (idempotent, ~0.3 ms).
-            import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
+            register_fake_backend()
             self._fake_ready = True
 
 

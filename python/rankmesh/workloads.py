@@ -120,9 +120,10 @@ def _fake_world(world: int, rank: int | None) -> Iterator[None]:
         yield
         return
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    from rankmesh._fast_groups import init_fake_world
+
+    init_fake_world(world, rank)
     try:
         yield
     finally:

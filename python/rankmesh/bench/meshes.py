@@ -220,12 +220,10 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it: ~2 s)
     import torch.distributed as dist
     import torch.fx.experimental.proxy_tensor  # noqa: F401
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import rankmesh.mesh  # noqa: F401
     import rankmesh.torchtitan.parallel_dims  # noqa: F401
-    from rankmesh._fast_groups import registered_groups
+    from rankmesh._fast_groups import init_fake_world, registered_groups
 
     if recipe == "torchtitan":
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
@@ -235,12 +233,12 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
         import megatron.core.parallel_state  # noqa: F401
 
-    dist.init_process_group("fake", rank=0, world_size=256, store=FakeStore())
+    init_fake_world(256, 0)
     with _bound_device(path, impl):
         _build(impl, recipe, 256)
     dist.destroy_process_group()
 
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    init_fake_world(world, rank)
     pgs_before = registered_groups()
     _reset_peak_rss()
     rss_before = _rss_mb()
@@ -271,11 +269,10 @@ def measure_split_call(world: int) -> dict:
     import numpy as np
     import torch
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from rankmesh import _fast_groups as fg
 
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    fg.init_fake_world(world, 0)
     pg = dist.group.WORLD
     pg.bound_device_id = torch.device("cuda", 0)
     ranks = list(range(8))

@@ -68,18 +68,15 @@ def measure(impl: str, name: str, world: int) -> dict:
     import torch
     import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it)
     import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
 
-    from rankmesh._fast_groups import registered_groups
+    from rankmesh._fast_groups import init_fake_world, registered_groups
 
     fn = _workloads()[name]
     small = _min_world(name)
     fn(impl, small, rank=small // 2 + 3)  # warm-up: imports, sharding rules, dynamo
 
     rank = world // 2 + 3
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    init_fake_world(world, rank)
     pgs_before = registered_groups()
     import gc
 

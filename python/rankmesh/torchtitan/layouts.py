@@ -2,9 +2,11 @@
 
 One source for :class:`rankmesh.ParallelDims` (which turns them into DeviceMeshes) and for
 ``rankmesh plan`` (which only prints them), the degree checks included: :func:`resolve_degrees`
-and :func:`check_sparse` raise ParallelDims' :class:`~rankmesh.errors.ParallelDimsError`, with
-its messages, without importing torch. ``rankmesh.bench.stock`` keeps its own transcription on
-purpose: it is the independent oracle the tests compare these against.
+(when the config is made) and :func:`degrees` (where meshes are first needed) raise ParallelDims'
+:class:`~rankmesh.errors.ParallelDimsError`, with its messages, without importing torch;
+:func:`fake_dim_names` is the rule for which dims go on the ``fake`` backend.
+``rankmesh.bench.stock`` keeps its own transcription on purpose: it is the independent oracle
+the tests compare these against.
 
     >>> deg = degrees(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=2, etp=1)
     >>> deg["batch"], deg["fsdp"], deg["efsdp"]
@@ -19,6 +21,8 @@ purpose: it is the independent oracle the tests compare these against.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from rankmesh._check import as_int, check_degrees
 from rankmesh._native import MeshLayout
@@ -107,7 +111,7 @@ def resolve_degrees(
     return deg
 
 
-def check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None:
+def _check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None:
     """The check torchtitan does not make (ParallelDims runs it when it builds the meshes): ep *
     etp must divide dp_shard * cp * tp, which the sparse mesh splits into efsdp x ep x etp."""
     sparse = dp_shard * cp * tp
@@ -122,7 +126,15 @@ def check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None:
 
 
 def degrees(*, dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep: int, etp: int) -> dict[str, int]:
-    """The size of every mesh name, from validated degrees (``dp_shard`` already resolved)."""
+    """The size of every mesh name, from the degrees :func:`resolve_degrees` returned: the second
+    and last step of the one sequence ``rankmesh plan`` and :class:`ParallelDims` both follow
+    (resolve when the config is made, then this where meshes or layouts are first needed). It
+    first checks that the MoE (sparse) mesh divides, which torchtitan leaves to torch.
+
+        >>> degrees(**resolve_degrees(dp_replicate=1, dp_shard=-1, cp=1, tp=2, pp=1, ep=1, etp=1, world_size=8))["fsdp"]
+        4
+    """
+    _check_sparse(dp_shard=dp_shard, cp=cp, tp=tp, ep=ep, etp=etp)
     fsdp = dp_shard * cp
     return {
         "pp": pp,
@@ -156,11 +168,19 @@ def layouts(world_size: int, deg: dict[str, int], *, loss_name: str = LOSS_DIM_N
     return {k: out[k] for k in ("world", "dataloading", "loss", "dense", "sparse")}
 
 
+def fake_dim_names(names: Sequence[str], sizes: Sequence[int], ep: int) -> frozenset[str]:
+    """The one rule for which dims of a global mesh torchtitan puts on the ``fake`` backend:
+    ``batch`` (count-only) and dims that do not exist (:func:`mesh_exists`).
+
+        >>> sorted(fake_dim_names(("pp", "batch", "cp", "tp"), (1, 16, 2, 4), ep=1))
+        ['batch', 'pp']
+    """
+    return frozenset(n for n, s in zip(names, sizes) if n == "batch" or not mesh_exists(n, s, ep))
+
+
 def fake_dims(mesh_name: str, layout: MeshLayout, ep: int) -> frozenset[str]:
-    """Dims torchtitan puts on the ``fake`` backend: ``batch`` (count-only) and dims that do not
-    exist. The loss mesh is flattened with the default backend (a size-1 loss is fake anyway)."""
+    """:func:`fake_dim_names` of one of :func:`global_layouts`. The loss mesh is flattened with
+    the default backend (a size-1 loss is fake anyway)."""
     if mesh_name == "loss":
         return frozenset()
-    return frozenset(
-        n for n, s in zip(layout.names, layout.shape) if n == "batch" or not mesh_exists(n, s, ep)
-    )
+    return fake_dim_names(layout.names, layout.shape, ep)

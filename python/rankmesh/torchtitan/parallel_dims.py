@@ -122,18 +122,16 @@ class ParallelDims:
             setattr(self, name, value)
         self.world_size = as_int(self.world_size, "world_size")
 
-    def _validate_sparse(self) -> None:
-        """A check torchtitan does not make: the MoE mesh must divide. torchtitan's constructor
-        accepts such degrees (its own tests build them without meshing), so this runs where they
-        are first used, in building the meshes (torchtitan fails there inside torch)."""
-        _tt.check_sparse(dp_shard=self.dp_shard, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
-
     def _mesh_exist(self, name: str, degree: int) -> bool:
         return _tt.mesh_exists(name, degree, self.ep)
 
     # -- layouts -----------------------------------------------------------------------------
 
     def _degrees(self) -> dict[str, int]:
+        """Every mesh size (:func:`rankmesh.torchtitan.layouts.degrees`). It checks that the MoE
+        mesh divides, a check torchtitan does not make: its constructor accepts such degrees (its
+        own tests build them without meshing), so it runs where they are first used, in building
+        the meshes or layouts (torchtitan fails there inside torch)."""
         return _tt.degrees(
             dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
             pp=self.pp, ep=self.ep, etp=self.etp,
@@ -144,7 +142,6 @@ class ParallelDims:
         """The rankmesh layouts of the meshes: ``world``, ``dataloading``, ``loss``, ``dense``,
         ``sparse`` (pure functions of the degrees; no process group involved)."""
         if self._layouts is None:
-            self._validate_sparse()
             self._layouts = _tt.layouts(self.world_size, self._degrees())
         return self._layouts
 
@@ -193,7 +190,7 @@ class ParallelDims:
             "tp=%d, ep=%d, etp=%d",
             self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
         )  # fmt: skip
-        self._validate_sparse()
+        deg = self._degrees()  # checks the MoE mesh before anything else
         require_default_group("building meshes")
         if dist.get_world_size() != self.world_size:
             raise DistributedStateError(
@@ -208,12 +205,12 @@ class ParallelDims:
         # per global mesh (batch and disabled dims on the fake backend), the loss mesh flattened
         # from dataloading's (batch, cp). Every mesh shares the world's process groups, one per
         # distinct partition of the world.
-        deg = self._degrees()
         world_mesh = init_device_mesh(device_type, (self.world_size,), mesh_dim_names=("world",))
 
         def unflatten(name: str) -> DeviceMesh:
             dims = _tt.GLOBAL_MESH_DIMS[name]
-            fake = {n: "fake" for n in dims if n == "batch" or not self._mesh_exist(n, deg[n])}
+            fake_names = _tt.fake_dim_names(dims, [deg[n] for n in dims], self.ep)
+            fake = {n: "fake" for n in dims if n in fake_names}
             return world_mesh._unflatten(0, tuple(deg[n] for n in dims), dims, backend_override=fake)
 
         dl = unflatten("dataloading")
