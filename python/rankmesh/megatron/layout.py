@@ -647,8 +647,16 @@ class _Embedding(_Group):
 
     partition = False
 
-    def __init__(self, ranks_fn: str) -> None:
+    def __init__(self, ranks_fn: str, default: Callable[[Sequence[int]], list[int]], max_pp: int) -> None:
         self.ranks_fn = ranks_fn
+        self.default = default
+        self.max_pp = max_pp
+
+    def is_pp(self, m: ModelParallelLayout) -> bool:
+        """Megatron's rule: with the default ranks function and at most ``max_pp`` stages (2 for
+        the word embedding: first and last stage; 1 for the position embedding: first stage),
+        every pipeline rank holds the embedding, so each rank's group is its pipeline group."""
+        return getattr(m, self.ranks_fn) is self.default and m.pp <= self.max_pp
 
     def group(self, m: ModelParallelLayout, name: str, rank: int) -> np.ndarray | None:
         pp = m.decoder.my_group(rank, "pp")
@@ -701,8 +709,8 @@ _GROUPS: dict[str, _Group] = {
     "mp": _Token("decoder", "tp-pp"),
     "tp": _Token("decoder", "tp"),
     "pp": _Token("decoder", "pp"),
-    "embd": _Embedding("get_embedding_ranks"),
-    "pos_embd": _Embedding("get_position_embedding_ranks"),
+    "embd": _Embedding("get_embedding_ranks", default_embedding_ranks, max_pp=2),
+    "pos_embd": _Embedding("get_position_embedding_ranks", default_position_embedding_ranks, max_pp=1),
     "tp_dp_cp": _Token("decoder", "tp-dp-cp"),
     "tp_dp": _Token("decoder", "tp-dp"),
     "tp_cp": _Token("decoder", "tp-cp"),
@@ -820,6 +828,22 @@ class ModelParallelLayout:
             return entry.layout(self, name)
         except IncompatibleLayoutError:  # not a strided partition
             return None
+
+    def group_layout(self, name: str) -> MeshLayout | None:
+        """:meth:`layout`, and for an embedding group that is the pipeline group (Megatron's rule:
+        default ranks, pp <= 2 for ``embd``, pp == 1 for ``pos_embd``) the ``pp`` layout: what
+        ``initialize_model_parallel`` builds each group from (None: a subset group of its members).
+
+            >>> m = model_parallel_layout(16, 2, 2)  # tp 2, pp 2: the word embedding is on every stage
+            >>> m.layout("embd") is None, m.group_layout("embd") == m.layout("pp")
+            (True, True)
+            >>> model_parallel_layout(16, 2, 4).group_layout("embd") is None  # stages 0 and 3 only
+            True
+        """
+        entry = self._entry(name)
+        if isinstance(entry, _Embedding) and entry.is_pp(self):
+            return self.layout("pp")
+        return self.layout(name)
 
     def all_groups(self, name: str) -> np.ndarray:
         """Every group ``name`` as ``(num_groups, group_size)`` int32 (Megatron's order for plain

@@ -235,8 +235,6 @@ class _Checked:
     hybrid_context_parallel: bool
     pp_backend: str | None
     virtual_pipeline_model_parallel_size: int | None
-    default_embd: bool
-    default_pos: bool
 
 
 def _check(
@@ -267,8 +265,6 @@ def _check(
 
     from rankmesh.megatron.layout import (
         GROUP_DESCRIPTIONS,
-        default_embedding_ranks,
-        default_position_embedding_ranks,
         model_parallel_layout,
     )
 
@@ -405,8 +401,6 @@ def _check(
         hybrid_context_parallel=hybrid_context_parallel,
         pp_backend=pipeline_model_parallel_comm_backend,
         virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
-        default_embd=get_embedding_ranks is None or get_embedding_ranks is default_embedding_ranks,
-        default_pos=get_position_embedding_ranks in (None, default_position_embedding_ranks),
     )
 
 
@@ -426,13 +420,7 @@ def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
     def options(cfg_name: str) -> Any:
         return ps.get_nccl_options(cfg_name, c.nccl_comm_cfgs)
 
-    def layout_of(name: str) -> MeshLayout | None:
-        lay = m.layout(name)
-        if lay is None and (
-            (name == "embd" and c.default_embd and m.pp <= 2) or (name == "pos_embd" and c.default_pos and m.pp == 1)
-        ):
-            lay = m.layout("pp")  # every rank's embedding group is its pipeline group
-        return lay
+    layout_of = m.group_layout  # the embedding groups are the pp groups by Megatron's rule
 
     def make(
         name: str,
