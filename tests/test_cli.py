@@ -496,3 +496,44 @@ def test_python_dash_m_rankmesh():
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert bad.returncode == 2 and "fix:" in bad.stderr
+
+
+# -- the fix line is the API error's own fix, with flags for argument names ----------------------
+
+PLAN_ERRORS = [
+    (dict(tp=0), "torchtitan", "degree_not_positive"),
+    (dict(tp=0), "megatron", "degree_not_positive"),
+    (dict(tp=0), "single", "degree_not_positive"),
+    (dict(tp=128), "torchtitan", "no_rank_left"),
+    (dict(dp_shard=4), "torchtitan", "degrees_do_not_fill_world"),
+    (dict(ep=3), "torchtitan", "moe_mesh_does_not_divide"),
+    (dict(tp=4, ep=2, etp=2), "torchtitan", "etp_not_tp_or_1"),
+    (dict(tp=7), "megatron", "world_not_divisible"),
+    (dict(pp=2, order="tp-dp"), "megatron", "order_misses_dim"),
+    (dict(order="tp-xp-pp"), "megatron", "unknown_name"),
+    (dict(order="tp-dp"), "torchtitan", "not_for_convention"),
+    (dict(dp_replicate=2), "megatron", "not_for_convention"),
+    (dict(cp=2), "single", "parallel_config"),
+]
+
+
+@pytest.mark.parametrize("kw, convention, kind", PLAN_ERRORS, ids=[f"{c}-{k}" for _, c, k in PLAN_ERRORS])
+def test_the_cli_fix_is_the_errors_fix_with_flags(capsys, monkeypatch, kw, convention, kind):
+    """Every error build_plan raises for a flag carries a kind and a fix in argument names; the
+    CLI prints that fix with its flags (and, for an order, an order it has tried)."""
+    from rankmesh.cli import _FLAG
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    e = _api_error(lambda: build_plan(convention, 64, **kw))
+    assert e.kind == kind and e.fix is not None, (e.kind, e.fix)
+    api_fix, cli_fix = e.fix_text(), e.fix_text(_FLAG.get)
+    assert "{" not in api_fix and "{" not in cli_fix and "--" not in api_fix, api_fix
+    assert cli_fix != api_fix and "--" in cli_fix
+    flags = [f"--{k.replace('_', '-')}" for k in kw] + ["--convention", "--world-size"]
+    argv = ["plan", "--world-size", "64", "--convention", convention]
+    for k, v in kw.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    code, _, err = run(capsys, *argv)
+    fix_line = next(line for line in err.splitlines() if line.startswith("fix: "))
+    assert code == 2 and fix_line.startswith(f"fix: {cli_fix}"), (fix_line, cli_fix)
+    assert any(f in fix_line for f in flags), fix_line

@@ -606,3 +606,49 @@ def test_an_error_whose_value_cannot_be_pickled_still_pickles_with_its_repr():
     copy = pickle.loads(pickle.dumps(e))
     assert (type(copy), str(copy), copy.field) == (MegatronStateError, "already initialised", e.field)
     assert copy.value == repr(unpicklable)
+
+
+# -- kind, ctx and fix: what a program (and the CLI) reads instead of the message -----------------
+
+
+def test_every_error_class_has_its_own_stable_kind():
+    from rankmesh import errors
+
+    classes = [getattr(errors, n) for n in errors.__all__]
+    kinds = {c.kind for c in classes}
+    assert len(kinds) == len(classes), "two classes share a kind"
+    assert errors.SizeMismatchError.kind == "size_mismatch"
+    assert errors.ParallelDimsOverflowError.kind == "parallel_dims_overflow"
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", k) for k in kinds), kinds
+
+
+def test_kind_ctx_and_fix_survive_pickling_and_render_both_ways():
+    from rankmesh.errors import ConfigMismatchError, InvalidSizeError
+
+    e = InvalidSizeError(
+        "tp must be >= 1, got 0", field="tp", value=0, kind="degree_not_positive", ctx={"world_size": 8},
+        fix="use {tp=1}, or a degree that divides {world_size}",
+    )  # fmt: skip
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.kind, back.ctx, back.fix, back.field, back.value) == (e.kind, e.ctx, e.fix, "tp", 0)
+    assert e.fix_text() == "use tp=1, or a degree that divides world_size"
+    flags = {"tp": "--tp", "world_size": "--world-size"}.get
+    assert e.fix_text(flags) == "use --tp 1, or a degree that divides --world-size"
+    plain = InvalidSizeError("x", field="tp", value=0)
+    assert (plain.kind, plain.ctx, plain.fix, plain.fix_text()) == ("invalid_size", {}, None, None)
+    c = ConfigMismatchError("differ", field="fingerprint", fingerprint=3, kind="config_differs", fix="see {rank}")
+    back = pickle.loads(pickle.dumps(c))
+    assert (back.kind, back.fingerprint, back.fix_text()) == ("config_differs", 3, "see rank")
+
+
+def test_a_degree_error_carries_a_kind_and_a_fix_from_every_convention():
+    from rankmesh import model_parallel_layout
+    from rankmesh.torchtitan.layouts import resolve_degrees
+
+    with pytest.raises(rankmesh.RankmeshError) as tt:
+        resolve_degrees(dp_replicate=1, dp_shard=-1, cp=1, tp=0, pp=1, ep=1, etp=1, world_size=8)
+    with pytest.raises(rankmesh.RankmeshError) as mc:
+        model_parallel_layout(8, 0)
+    for e, field in ((tt.value, "tp"), (mc.value, "tensor_model_parallel_size")):
+        assert e.kind == "degree_not_positive" and e.field == field
+        assert e.fix_text() == f"use {field}=1 to disable tensor parallelism, or a degree that divides world_size"

@@ -196,9 +196,8 @@ def test_the_private_use_check_finds_them():
 def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start_up():
     """What rankmesh.mesh reads, sets or overrides on torch's DeviceMesh is in the self-check's
     lists (or is the one version-dependent field, or the one patched method)."""
-    from torch.distributed.device_mesh import DeviceMesh
-
     from rankmesh import _torch_compat as compat
+    from torch.distributed.device_mesh import DeviceMesh
 
     tree = ast.parse((PACKAGE / "mesh.py").read_text())
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

@@ -79,6 +79,7 @@ from rankmesh.errors import (
 __all__ = [
     "as_int",
     "as_sequence",
+    "degree_fix",
     "check_unique",
     "positive_int",
     "as_rank",
@@ -114,14 +115,40 @@ def as_int(value: Any, field: str) -> int:
         ) from None
 
 
-def positive_int(value: Any, field: str, *, auto: int | None = None, hint: str = "") -> int:
+_DEGREE_FIXES = {
+    "tp": "use {F=1} to disable tensor parallelism, or a degree that divides {world_size}",
+    "pp": "use {F=1} to disable pipeline parallelism, or a degree that divides {world_size}",
+    "cp": "use {F=1} to disable context parallelism, or a degree that divides {world_size}",
+    "ep": "use {F=1} to disable expert parallelism, or a degree that (times etp) divides dp_shard*cp*tp",
+    "etp": "pass {F=1} (no expert tensor parallelism) or {F} equal to tp",
+    "dp_replicate": "use {F=1} to disable replication",
+    "dp_shard": "use {F=-1} to shard over every rank the other degrees leave",
+}
+
+
+def degree_fix(degree: str, field: str | None = None) -> str | None:
+    """The fix (an error's ``fix`` template, see :meth:`~rankmesh.errors.RankmeshError.fix_text`)
+    for a bad parallelism ``degree`` ("tp", "pp", "cp", "ep", "etp", "dp_replicate",
+    "dp_shard") passed as argument ``field`` (Megatron's ``tensor_model_parallel_size``, ...).
+
+        >>> degree_fix("tp", "tensor_model_parallel_size")
+        'use {tensor_model_parallel_size=1} to disable tensor parallelism, or a degree that divides {world_size}'
+    """
+    text = _DEGREE_FIXES.get(degree)
+    return None if text is None else text.replace("{F", "{" + (field or degree))
+
+
+def positive_int(value: Any, field: str, *, auto: int | None = None, hint: str = "", fix: str | None = None) -> int:
     """``value`` as an ``int`` >= 1; ``auto`` (e.g. ``-1``, "fill the rest of the world") also
-    passes through when given. ``hint`` is appended to the error message."""
+    passes through when given. ``hint`` is appended to the error message; ``fix`` is the error's
+    fix template."""
     v = as_int(value, field)
     if v >= 1 or (auto is not None and v == auto):
         return v
     also = f" (or {auto} to fill the rest of the world)" if auto is not None else ""
-    raise InvalidSizeError(f"{field} must be >= 1{also}, got {v}{hint}", field=field, value=v)
+    raise InvalidSizeError(
+        f"{field} must be >= 1{also}, got {v}{hint}", field=field, value=v, kind="degree_not_positive", fix=fix
+    )
 
 
 def as_rank(value: Any, world_size: int, field: str = "rank") -> int:
@@ -214,7 +241,12 @@ def as_sequence(value: Any, field: str, what: str, *, noun: str = "a sequence", 
 
 
 def check_unique(
-    names: Sequence[Any], field: str, message: Callable[[Any], str] | None = None, *, value_is_all: bool = False
+    names: Sequence[Any],
+    field: str,
+    message: Callable[[Any], str] | None = None,
+    *,
+    value_is_all: bool = False,
+    fix: str | None = None,
 ) -> None:
     """Each of ``names`` once; else :class:`~rankmesh.errors.DuplicateNameError` for the first
     repeat, naming ``field``. ``message(name)`` gives the text where a convention has its own
@@ -235,6 +267,7 @@ def check_unique(
                 text,
                 field=field,
                 value=names if value_is_all else name,
+                fix=fix,
             )
         seen.add(name)
 
@@ -270,9 +303,7 @@ def check_str(value: Any, field: str, *, optional: bool = False) -> None:
         ) from None
 
 
-def check_degrees(
-    degrees: Any, *, rank_offset: int = 0, error: type[LayoutOverflowError] = LayoutOverflowError
-) -> int:
+def check_degrees(degrees: Any, *, rank_offset: int = 0, error: type[LayoutOverflowError] = LayoutOverflowError) -> int:
     """The product of ``degrees``, ``(field, value)`` pairs of ints >= 1 in argument order, which
     must fit a world of at most :data:`~rankmesh.MAX_WORLD_SIZE` ranks, and so must the last rank
     past ``rank_offset``. Else ``error`` (a :class:`LayoutOverflowError`) naming the degree at which

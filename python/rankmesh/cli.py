@@ -57,7 +57,9 @@ class BadInput(Exception):
 # errors of the API -> the flag at fault and its fix
 # -----------------------------------------------------------------------------------------------
 
-#: The flag of each ``field`` the API's errors name (Megatron's keyword names included).
+#: The flag of each argument the API's errors name (Megatron's keyword names included): all the
+#: CLI knows about an error. Its message and its fix (``RankmeshError.fix``, rendered with these
+#: flags) come from the API.
 _FLAG = {
     "world_size": "--world-size",
     "tp": "--tp",
@@ -74,42 +76,20 @@ _FLAG = {
     "dp_shard": "--dp-shard",
     "order": "--order",
     "dim": "--dim",
-}
-#: Flags a convention does not have (build_plan refuses them).
-_NOT_FOR = {"megatron": ("--dp-replicate", "--dp-shard"), "single": ("--order", "--etp")}
-_FIX = {
-    "--tp": "use --tp 1 to disable tensor parallelism, or a degree that divides --world-size",
-    "--pp": "use --pp 1 to disable pipeline parallelism, or a degree that divides --world-size",
-    "--cp": "use --cp 1 to disable context parallelism, or a degree that divides --world-size",
-    "--ep": "use --ep 1 to disable expert parallelism, or an --ep that (times --etp) divides dp_shard*cp*tp",
-    "--etp": "pass --etp 1 (no expert tensor parallelism) or --etp equal to --tp",
-    "--dp-replicate": "use --dp-replicate 1 to disable replication",
-    "--dp-shard": "use --dp-shard -1 to shard over every rank the other degrees leave",
-    "--order": "name every dim of size > 1 once, joined by '-' with pp last",
-    "--dim": "pass a dim of the plan (e.g. --dim tp) or mesh.dim (e.g. --dim dense.fsdp)",
+    "convention": "--convention",
 }
 
 
 def _plan_fix(e: RankmeshError, convention: str, order_works: Callable[[str], bool] | None = None) -> str:
-    """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup).
-    ``order_works(order)`` says whether the same plan builds with ``--order order``: an order
-    is only suggested once it has been tried."""
-    flag = _FLAG.get(e.field, "")
-    if flag in _NOT_FOR.get(convention, ()) or (flag == "--order" and convention != "megatron"):
-        return f"drop {flag}" + (", or pass --convention megatron" if flag == "--order" else "")
-    if flag == "--order" and order_works is not None:
+    """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup): the
+    error's own fix with flags for argument names. ``order_works(order)`` says whether the same
+    plan builds with ``--order order``: an order is only suggested once it has been tried."""
+    fix = e.fix_text(_FLAG.get) or "see `rankmesh plan --help`"
+    if e.field == "order" and convention == "megatron" and order_works is not None:
         if order_works(DEFAULT_ORDER):
-            return f"{_FIX[flag]}, e.g. --order {DEFAULT_ORDER}"
-        return f"{_FIX[flag]}; no order works with these degrees alone, so change them too"
-    if flag == "--cp" and convention == "single":
-        return "drop --cp (or pass --cp 1), or use --convention torchtitan or megatron for context parallelism"
-    if flag == "--dp-shard" and e.value == -1:  # -1 leaves no rank: the other degrees exceed the world
-        return "lower --dp-replicate, --cp, --tp or --pp so that their product divides --world-size"
-    if flag == "--world-size":
-        if convention == "megatron":
-            return "make --world-size a multiple of tp*pp*cp and of etp*ep*pp, or change the degrees"
-        return "pass --dp-shard -1 to fill the rest, or make the degrees multiply to --world-size"
-    return _FIX.get(flag, "see `rankmesh plan --help`")
+            return f"{fix}, e.g. --order {DEFAULT_ORDER}"
+        return f"{fix}; no order works with these degrees alone, so change them too"
+    return fix
 
 
 # -----------------------------------------------------------------------------------------------
@@ -123,7 +103,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.stderr.write(f"fix: see `{self.prog} --help`; every degree is an integer, e.g. --tp 8\n")
+        if "invalid int value" in message:
+            fix = "every degree and size is an integer, e.g. --tp 8"
+        elif "invalid choice" in message:
+            fix = f"pick one of the choices named above (`{self.prog} --help` says what each does)"
+        else:
+            fix = f"see `{self.prog} --help`"
+        sys.stderr.write(f"fix: {fix}\n")
         raise SystemExit(2)
 
 

@@ -18,11 +18,26 @@ Some classes also derive from the builtin that torch raises in the same situatio
 for unknown names, ``IndexError`` for out-of-range dims and ranks, ``OverflowError``, and
 ``TypeError`` for an argument of the wrong type, such as a float size), so code written against
 ``DeviceMesh`` keeps catching them.
+
+An error also carries, as pydantic-core's errors carry ``type`` and ``ctx``, a stable ``kind``
+slug (the class's by default, e.g. ``"size_mismatch"``; a finer one where code may want to tell
+faults apart, e.g. ``"degree_not_positive"``), a ``ctx`` dict of the values involved, and where
+one is known a ``fix`` written in argument names: :meth:`RankmeshError.fix_text` renders it for
+the API, and ``rankmesh plan`` renders the same text with its flags (``{tp=1}`` is ``tp=1`` here,
+``--tp 1`` on the command line), so the CLI keeps no fix texts of its own::
+
+    >>> from rankmesh.errors import InvalidSizeError
+    >>> e = InvalidSizeError("tp must be >= 1, got 0", field="tp", value=0,
+    ...                      fix="use {tp=1} to disable tensor parallelism")
+    >>> e.kind, e.fix_text(), e.fix_text({"tp": "--tp"}.get)
+    ('invalid_size', 'use tp=1 to disable tensor parallelism', 'use --tp 1 to disable tensor parallelism')
 """
 
 from __future__ import annotations
 
 import pickle
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -68,19 +83,68 @@ class RankmeshError(ValueError):
         value: the offending value itself (an int, a tuple of sizes, a name, ...), as the caller
             passed it or as rankmesh derived it; ``None`` when the fault is an absence (e.g. no
             default process group).
+        kind: a stable slug for the fault (the class's, e.g. ``"invalid_size"``, unless the
+            raise site names a finer one); match on it rather than on the message.
+        ctx: the values the fault involves, by name (may be empty).
+        fix: how to fix it, in argument names, with ``{name}`` and ``{name=value}`` placeholders
+            (None when the message says it all); see :meth:`fix_text`.
     """
 
-    def __init__(self, message: str, *, field: str = "", value: Any = None) -> None:
+    #: The class's slug: its name in snake case without "Error" (set for every subclass).
+    kind: str = "rankmesh"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" not in cls.__dict__:
+            cls.kind = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str = "",
+        value: Any = None,
+        kind: str | None = None,
+        ctx: Mapping[str, Any] | None = None,
+        fix: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.value = value
+        if kind is not None:
+            self.kind = kind
+        self.ctx = dict(ctx or {})
+        self.fix = fix
 
     def __str__(self) -> str:
         return self.message
 
+    def fix_text(self, name_of: Callable[[str], str | None] | None = None) -> str | None:
+        """:attr:`fix` with its placeholders filled: ``{name}`` becomes ``name_of(name)`` and
+        ``{name=value}`` becomes ``name_of(name) value`` (a command-line flag and its value), or,
+        without ``name_of`` (or where it returns None), the argument name and ``name=value``."""
+        if self.fix is None:
+            return None
+
+        def fill(m: re.Match) -> str:
+            name, value = m.group(1), m.group(2)
+            flag = name_of(name) if name_of is not None else None
+            if flag is None:
+                return name if value is None else f"{name}={value}"
+            return flag if value is None else f"{flag} {value}"
+
+        return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:=([^{}]*))?\}", fill, self.fix)
+
     def _fields(self) -> dict[str, Any]:
-        return {"field": self.field, "value": self.value}
+        out: dict[str, Any] = {"field": self.field, "value": self.value}
+        if self.kind != type(self).kind:
+            out["kind"] = self.kind
+        if self.ctx:
+            out["ctx"] = self.ctx
+        if self.fix is not None:
+            out["fix"] = self.fix
+        return out
 
     def __reduce__(self):  # keep field/value through pickling (e.g. across processes)
         fields = self._fields()
@@ -216,8 +280,9 @@ class ConfigMismatchError(RankmeshError, RuntimeError):
         fingerprint: int | None = None,
         min_fingerprint: int | None = None,
         max_fingerprint: int | None = None,
+        **more: Any,
     ) -> None:
-        super().__init__(message, field=field, value=value)
+        super().__init__(message, field=field, value=value, **more)
         self.fingerprint = fingerprint
         self.min_fingerprint = min_fingerprint
         self.max_fingerprint = max_fingerprint

@@ -116,6 +116,7 @@ class Plan:
             f"(or mesh.dim, e.g. {first[0]}.{first[1]})",
             field="dim",
             value=dim,
+            fix=f"pass a dim of the plan (e.g. {{dim={first[1]}}}) or mesh.dim (e.g. {{dim={first[0]}.{first[1]}}})",
         )
 
 
@@ -180,7 +181,15 @@ def _single_plan(world: int, tp: int, pp: int, cp: int, ep: int, dp_replicate: i
 
 
 def _not_for(name: str, value: object, convention: str, why: str = "") -> ParallelConfigError:
-    return ParallelConfigError(f"{name} does not apply to the {convention} convention{why}", field=name, value=value)
+    fix = "drop {" + name + "}" + (", or pass {convention=megatron}" if name == "order" else "")
+    return ParallelConfigError(
+        f"{name} does not apply to the {convention} convention{why}",
+        field=name,
+        value=value,
+        kind="not_for_convention",
+        ctx={"convention": convention},
+        fix=fix,
+    )
 
 
 def build_plan(

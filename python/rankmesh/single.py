@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rankmesh._check import as_int, as_layout, as_rank, check_degrees, positive_int, type_name
+from rankmesh._check import as_int, as_layout, as_rank, check_degrees, degree_fix, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError
 
@@ -59,7 +59,7 @@ DP_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard")
 
 def _degree(value: Any, field: str, *, allow_auto: bool = False) -> int:
     """A degree by :mod:`rankmesh._check`'s rule (an int >= 1; ``-1`` too where ``allow_auto``)."""
-    return positive_int(value, field, auto=-1 if allow_auto else None)
+    return positive_int(value, field, auto=-1 if allow_auto else None, fix=degree_fix(field))
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,7 @@ def single_mesh(
             "megatron convention for context parallelism",
             field="cp",
             value=cp,
+            fix="drop {cp} (or pass {cp=1}), or use {convention=torchtitan} or megatron for context parallelism",
         )
     deg = {
         "pp": _degree(pp, "pp"),
@@ -161,6 +162,8 @@ def single_mesh(
                 "dp_shard=-1 cannot fill the rest; change the degrees or the world size",
                 field="dp_shard",
                 value=-1,
+                kind="world_not_divisible",
+                fix="make {world_size} a multiple of pp*dp_replicate*ep*tp, or change the degrees",
             )
         deg["dp_shard"] = world_size // others
     total = others * deg["dp_shard"]
@@ -170,6 +173,8 @@ def single_mesh(
             f"{total}, not the world size {world_size}; pass dp_shard=-1 to fill the rest",
             field="world_size",
             value=world_size,
+            kind="degrees_do_not_fill_world",
+            fix="pass {dp_shard=-1} to fill the rest, or make the degrees multiply to {world_size}",
         )
     keep_shard = deg["tp"] > 1 or deg["ep"] > 1
     names = tuple(n for n in SINGLE_MESH_ORDER if deg[n] > 1 or (n == "dp_shard" and keep_shard))

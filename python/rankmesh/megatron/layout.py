@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rankmesh._check import as_int, check_degrees, check_str, check_unique, positive_int
+from rankmesh._check import as_int, check_degrees, check_str, check_unique, degree_fix, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -70,6 +70,9 @@ __all__ = [
 MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
 #: ``initialize_model_parallel``'s default order.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+# The fixes (RankmeshError.fix templates) of a bad order and of a world the degrees do not divide.
+ORDER_FIX = "name every dim of size > 1 once in {order}, joined by '-' with pp last"
+_WORLD_FIX = "make {world_size} a multiple of tp*pp*cp and of etp*ep*pp, or change the degrees"
 
 # -- order hints: every order a message suggests was tried first --------------------------------
 #: The call that proves a candidate order (set by the outermost call that builds generators, e.g.
@@ -134,18 +137,21 @@ def _split_names(text: str, field: str) -> list[str]:
         )
     check_str(text, field)
     names = text.lower().split("-")
+    fix = ORDER_FIX if field == "order" else None
     for n in names:
         if not n:
             raise InvalidNameError(
                 f"{field} {text!r} has an empty name; write names joined by single '-', e.g. 'tp-cp-ep-dp-pp'",
                 field=field,
                 value=text,
+                fix=fix,
             )
         if n not in MEGATRON_DIMS:
             raise UnknownNameError(
                 f"{field} {text!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}",
                 field=field,
                 value=n,
+                fix=fix,
             )
     return names
 
@@ -234,7 +240,7 @@ class RankGenerator:
         world: MeshLayout | None = None,
     ) -> None:
         sizes = {"tp": tp, "ep": ep, "dp": dp, "pp": pp, "cp": cp}  # argument order
-        sizes = {k: positive_int(v, k) for k, v in sizes.items()}
+        sizes = {k: positive_int(v, k, fix=degree_fix(k)) for k, v in sizes.items()}
         if sizes["ep"] > 1 and sizes["cp"] > 1:
             raise MegatronConfigError(
                 f"ep ({sizes['ep']}) and cp ({sizes['cp']}) cannot both be > 1 in one RankGenerator: "
@@ -257,7 +263,7 @@ class RankGenerator:
         self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp}
 
         names = _split_names(order, "order")
-        check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice")
+        check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice", fix=ORDER_FIX)
         missing = [n for n in MEGATRON_DIMS if n not in names and self.name_to_size[n] != 1]
         if missing:
             n = missing[0]
@@ -275,6 +281,9 @@ class RankGenerator:
                 f"the size of {n} is {self.name_to_size[n]}, but the order {order!r} does not name it; {hint}",
                 field="order",
                 value=order,
+                kind="order_misses_dim",
+                ctx={"dim": n, "size": self.name_to_size[n], "works": fix},
+                fix=ORDER_FIX,
             )
         names += [n for n in MEGATRON_DIMS if n not in names]
         #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
@@ -952,14 +961,26 @@ def model_parallel_layout(
     rankmesh.errors.MegatronConfigError: hierarchical_context_parallel_sizes [3, 2] multiply to 6, not cp (4)
     """
     world_size = positive_int(world_size, "world_size")
-    tp = positive_int(tensor_model_parallel_size, "tensor_model_parallel_size")
-    pp = positive_int(pipeline_model_parallel_size, "pipeline_model_parallel_size")
-    cp = positive_int(context_parallel_size, "context_parallel_size")
-    ep = positive_int(expert_model_parallel_size, "expert_model_parallel_size")
+    tp = positive_int(
+        tensor_model_parallel_size, "tensor_model_parallel_size", fix=degree_fix("tp", "tensor_model_parallel_size")
+    )
+    pp = positive_int(
+        pipeline_model_parallel_size,
+        "pipeline_model_parallel_size",
+        fix=degree_fix("pp", "pipeline_model_parallel_size"),
+    )
+    cp = positive_int(context_parallel_size, "context_parallel_size", fix=degree_fix("cp", "context_parallel_size"))
+    ep = positive_int(
+        expert_model_parallel_size, "expert_model_parallel_size", fix=degree_fix("ep", "expert_model_parallel_size")
+    )
     etp = (
         tp
         if expert_tensor_parallel_size is None
-        else positive_int(expert_tensor_parallel_size, "expert_tensor_parallel_size")
+        else positive_int(
+            expert_tensor_parallel_size,
+            "expert_tensor_parallel_size",
+            fix=degree_fix("etp", "expert_tensor_parallel_size"),
+        )
     )
     n_do = positive_int(num_distributed_optimizer_instances, "num_distributed_optimizer_instances")
     # overflows first, each naming the degree that overflows the running product (as
@@ -978,6 +999,9 @@ def model_parallel_layout(
             f"use a world that is a multiple of {model} or smaller degrees",
             field="world_size",
             value=world_size,
+            kind="world_not_divisible",
+            ctx={"model_parallel": model},
+            fix=_WORLD_FIX,
         )
     dp = world_size // model
     if virtual_pipeline_model_parallel_size is not None:
@@ -1015,6 +1039,9 @@ def model_parallel_layout(
                 f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
                 field="world_size",
                 value=world_size,
+                kind="world_not_divisible",
+                ctx={"expert_model_parallel": expert_model},
+                fix=_WORLD_FIX,
             )
         edp = world_size // expert_model
         expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
@@ -1026,8 +1053,10 @@ def model_parallel_layout(
             + pp_last_hint("make expert_tp*ep equal tp*cp"),
             field="order",
             value=order,
+            fix=ORDER_FIX,
         )
     if not _same_partition(decoder.layout("pp"), expert.layout("pp")):
+
         def step(g: RankGenerator) -> str:
             return ",".join(str(d) for _, d in g.layout("pp").partition_key(0))
 
@@ -1037,6 +1066,7 @@ def model_parallel_layout(
             f"by {step(expert)}; " + pp_last_hint("change the degrees"),
             field="order",
             value=order,
+            fix=ORDER_FIX,
         )
     if (dp * cp) % n_do:
         raise MegatronConfigError(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rankmesh._check import as_int, check_degrees
+from rankmesh._check import as_int, check_degrees, degree_fix
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ParallelDimsError, ParallelDimsOverflowError, ParallelDimsSizeMismatchError
 
@@ -65,18 +65,20 @@ def resolve_degrees(
         d = deg[name]
         if d < 1:
             raise ParallelDimsError(
-                f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; "
-                "use 1 to disable a parallelism",
+                f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; use 1 to disable a parallelism",
                 field=name,
                 value=d,
+                kind="degree_not_positive",
+                fix=degree_fix(name),
             )
     dp_replicate, dp_shard, cp, tp, pp, ep, etp = deg.values()
     if not (dp_shard == -1 or dp_shard >= 1):
         raise ParallelDimsError(
-            f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank "
-            "the other degrees leave",
+            f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank the other degrees leave",
             field="dp_shard",
             value=dp_shard,
+            kind="degree_not_positive",
+            fix=degree_fix("dp_shard"),
         )
     # overflows before the degrees are compared with the world, naming the culprit
     check_degrees([("world_size", world_size)], error=ParallelDimsOverflowError)
@@ -91,6 +93,9 @@ def resolve_degrees(
                 "those degrees so that their product divides the world size",
                 field="dp_shard",
                 value=-1,
+                kind="no_rank_left",
+                ctx={"world_size": world_size, "others": dp_replicate * cp * tp * pp},
+                fix="lower {dp_replicate}, {cp}, {tp} or {pp} so that their product divides {world_size}",
             )
     product = dp_replicate * dp_shard * cp * tp * pp
     if product != world_size:
@@ -100,6 +105,9 @@ def resolve_degrees(
             f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",
             field="world_size",
             value=world_size,
+            kind="degrees_do_not_fill_world",
+            ctx={"product": product},
+            fix="pass {dp_shard=-1} to fill the rest, or make the degrees multiply to {world_size}",
         )
     if ep > 1 and etp not in (tp, 1):
         raise ParallelDimsError(
@@ -107,6 +115,9 @@ def resolve_degrees(
             f"ep = {ep}; set etp to 1 or to tp",
             field="etp",
             value=etp,
+            kind="etp_not_tp_or_1",
+            ctx={"tp": tp, "ep": ep},
+            fix=degree_fix("etp"),
         )
     return deg
 
@@ -122,6 +133,9 @@ def _check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None
             f"into efsdp x ep x etp; choose ep (and etp) so that ep * etp divides {sparse}",
             field="ep",
             value=ep,
+            kind="moe_mesh_does_not_divide",
+            ctx={"etp": etp, "sparse_ranks": sparse},
+            fix=degree_fix("ep"),
         )
 
 
