@@ -29,7 +29,7 @@ from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
 from tests.conftest import fake_world
-from tests.test_mesh import assert_same_mesh, build_both
+from tests.mesh_helpers import assert_same_mesh, build_both
 
 pytestmark = [
     pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),

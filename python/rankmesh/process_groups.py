@@ -469,8 +469,8 @@ class MeshBuilder:
 
     def _members(self, members: Any, name: str) -> list[int]:
         """``members`` of a subset group: distinct ranks of the world, this rank among them; sorted."""
-        members = as_sequence(members, "members", "ranks (or None)", label=f"members of {name!r}")
-        ranks = sorted(as_rank(r, self._world_size, f"members[{i}]") for i, r in enumerate(members))
+        given = as_sequence(members, "members", "ranks (or None)", label=f"members of {name!r}")
+        ranks = sorted(as_rank(r, self._world_size, f"members[{i}]") for i, r in enumerate(given))
         for a, b in zip(ranks, ranks[1:]):
             if a == b:
                 raise DistributedStateError(
