@@ -221,6 +221,10 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, cap
 
     expect(lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=["dp_cp", "bogus"]),
            UnknownNameError, "high_priority_stream_groups", "bogus")  # fmt: skip
+    for text in ("dp", ""):  # a str is a list with its brackets missing, even an empty one
+        e = expect(lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=text),
+                   ArgumentTypeError, "high_priority_stream_groups", text)  # fmt: skip
+        assert f"write [{text!r}]" in str(e)
     # the command line: --strict with a family that does not exist
     assert cli_main(["plan", "--world-size", "64", "--strict", "ep,bogus"]) == 2
     assert "unknown bandwidth-hungry family 'bogus'" in capsys.readouterr().err

@@ -298,7 +298,10 @@ def _check(
     # group names: megatron-core ignores one it does not know (a typo silently loses the high
     # priority stream); rankmesh refuses it, with the names get_nccl_options reads
     high_priority_stream_groups = as_sequence(
-        high_priority_stream_groups or (), "high_priority_stream_groups", "group names", noun="a list"
+        () if high_priority_stream_groups is None else high_priority_stream_groups,
+        "high_priority_stream_groups",
+        "group names",
+        noun="a list",
     )
     for i, pg_name in enumerate(high_priority_stream_groups):
         check_str(pg_name, f"high_priority_stream_groups[{i}]")
