@@ -48,6 +48,15 @@ def ranks_of(pg) -> list[int]:
     return dist.get_process_group_ranks(pg)
 
 
+def outcome(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), None)``, or ``(None, the exception)``: one call's result or error,
+    to compare with the other implementation's."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as e:  # noqa: BLE001 - compared with the other side's outcome
+        return None, e
+
+
 def sampled_ranks(world_size: int, rnd: int) -> list[int]:
     """The first, the last and a random rank."""
     return sorted({0, world_size - 1, rnd % world_size})

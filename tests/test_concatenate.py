@@ -29,19 +29,9 @@ from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
 from tests.conftest import fake_world
-from tests.mesh_helpers import assert_same_mesh, build_both
+from tests.mesh_helpers import MESH_MARKS, assert_same_mesh, build_both, outcome
 
-pytestmark = [
-    pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
-    pytest.mark.filterwarnings("ignore:Slicing a flattened dim from root mesh"),
-]
-
-
-def _outcome(fn):
-    try:
-        return fn(), None
-    except Exception as e:  # noqa: BLE001 - compared with torch's
-        return None, e
+pytestmark = MESH_MARKS
 
 
 @st.composite
@@ -74,8 +64,8 @@ def test_concatenate_equals_torchs_or_raises_what_torch_raises(recipe):
             if flat:
                 ours_in[i] = ours_in[i]._flatten(f"f{i}")
                 theirs_in[i] = theirs_in[i]._flatten(f"f{i}")
-        ours, ours_e = _outcome(lambda: DeviceMesh._concatenate(ours_in))
-        theirs, theirs_e = _outcome(lambda: DeviceMesh._concatenate.__wrapped__(theirs_in))
+        ours, ours_e = outcome(lambda: DeviceMesh._concatenate(ours_in))
+        theirs, theirs_e = outcome(lambda: DeviceMesh._concatenate.__wrapped__(theirs_in))
         if theirs_e is not None:
             event(f"torch raises {type(theirs_e).__name__}")
             assert type(ours_e) is type(theirs_e) and str(ours_e) == str(theirs_e), (ours_e, theirs_e)

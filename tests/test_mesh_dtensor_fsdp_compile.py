@@ -5,8 +5,6 @@ world), FSDP2 and torch.compile (no more graph breaks than torch's own meshes)
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,14 +20,9 @@ from tests.mesh_helpers import (
     build_both,
     ranks_of,
 )
+from tests.mp.rankmesh_mp import free_port
 
 pytestmark = MESH_MARKS
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -38,7 +31,7 @@ def gloo_world_of_one(monkeypatch):
     if not dist.is_gloo_available():
         pytest.skip("needs gloo")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
     try:
         yield dist.distributed_c10d._get_default_group()
     finally:

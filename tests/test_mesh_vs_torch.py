@@ -27,6 +27,7 @@ from tests.mesh_helpers import (
     assert_same_relations,
     backend_name,
     build_both,
+    outcome,
     ranks_of,
     sampled_ranks,
 )
@@ -133,13 +134,6 @@ def _apply(op: tuple, mesh: DeviceMesh) -> DeviceMesh:
     return mesh._unflatten(dim, sizes, new, backend_override=copy.copy(override))
 
 
-def _outcome(fn):
-    try:
-        return fn(), None
-    except Exception as e:  # noqa: BLE001 - compared with torch's outcome below
-        return None, e
-
-
 # torch raises an AssertionError from pycute's composition when unflatten sizes do not follow
 # the modes of a dim flattened from non-adjacent dims; rankmesh raises its documented
 # IncompatibleLayoutError (a ValueError) instead. The one accepted difference in error class.
@@ -186,8 +180,8 @@ def run_recipe(ch: Replay, shape, names, perm, form, override) -> None:
         i = ch.draw(st.integers(0, len(pairs) - 1))
         o_src, t_src = pairs[i]
         op = _draw_op(ch, t_src, fresh)
-        theirs, theirs_e = _outcome(lambda: _apply(op, t_src))
-        ours, ours_e = _outcome(lambda: _apply(op, o_src))
+        theirs, theirs_e = outcome(lambda: _apply(op, t_src))
+        ours, ours_e = outcome(lambda: _apply(op, o_src))
         event(f"{op[0]}: {type(theirs_e).__name__ if theirs_e else 'ok'}")
         if theirs_e is not None:
             assert_same_error(op, ours_e, theirs_e)

@@ -22,6 +22,8 @@ from rankmesh import _torch_compat  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
+from tests.mesh_helpers import outcome  # noqa: E402
+
 pytestmark = [
     pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
     pytest.mark.filterwarnings("ignore"),
@@ -44,13 +46,6 @@ def _one_d(run) -> dict:
     return out
 
 
-def _outcome(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs), None
-    except Exception as e:  # noqa: BLE001 - compared with stock's
-        return None, e
-
-
 def _same_failure(stock_e, ours_e) -> bool:
     """Where stock torch itself fails (torchtitan 0.3.0's spmd_types on torch 2.13: "all
     parameters must be DTensors on the full SPMD mesh"), rankmesh fails the same way."""
@@ -65,8 +60,8 @@ def _same_failure(stock_e, ours_e) -> bool:
 @pytest.mark.parametrize("rank", [3, SMALL // 2 + 3])
 def test_parameters_and_meshes_equal_stocks(name, rank):
     fn = tw.WORKLOADS[name]
-    stock_run, stock_e = _outcome(fn, "torch", SMALL, rank=rank)
-    ours_run, ours_e = _outcome(fn, "rankmesh", SMALL, rank=rank)
+    stock_run, stock_e = outcome(fn, "torch", SMALL, rank=rank)
+    ours_run, ours_e = outcome(fn, "rankmesh", SMALL, rank=rank)
     if _same_failure(stock_e, ours_e):
         return
     stock, ours = (stock_run.extra["placements"], stock_run), (ours_run.extra["placements"], ours_run)
@@ -83,7 +78,7 @@ def test_one_d_meshes_equal_stocks_while_the_world_is_up():
         got, failed = {}, {}
         for impl in ("torch", "rankmesh"):
             with fake_world(SMALL, 1234):
-                run, failed[impl] = _outcome(tw.WORKLOADS[f"titan_moe_{backend}"], impl, SMALL)
+                run, failed[impl] = outcome(tw.WORKLOADS[f"titan_moe_{backend}"], impl, SMALL)
                 got[impl] = None if run is None else _one_d(run)
         if not _same_failure(failed["torch"], failed["rankmesh"]):
             assert got["rankmesh"] == got["torch"], backend
