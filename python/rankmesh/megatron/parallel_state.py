@@ -376,7 +376,7 @@ def _check(
             ) from None
         with open(nccl_communicator_config_path) as stream:
             nccl_comm_cfgs = yaml.safe_load(stream) or {}
-    for pg_name in high_priority_stream_groups or []:
+    for pg_name in high_priority_stream_groups:  # a tuple of known names by now
         ps.overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
 
     for name in ("embd", "pos_embd"):
