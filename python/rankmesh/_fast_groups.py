@@ -155,6 +155,12 @@ def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
     }
 
 
+def _entries_differing(theirs: dist.ProcessGroup, ours: dist.ProcessGroup) -> list[str]:
+    """The registry entries (:func:`_entries`) in which rankmesh's group differs from torch's."""
+    a, b = _entries(theirs), _entries(ours)
+    return sorted(k for k in a if a[k] != b.get(k))
+
+
 def _probe_reason(backend: str) -> str | None:
     """Make a one-rank probe group both ways and compare every registry entry."""
     register_fake_backend()
@@ -177,9 +183,8 @@ def _probe_reason(backend: str) -> str | None:
         made.append(ours)
         if w.group_count - count != torch_step:
             return "torch's group counter moves differently"
-        a, b = _entries(theirs), _entries(ours)
-        if a != b:
-            diff = sorted(k for k in a if a[k] != b.get(k))
+        diff = _entries_differing(theirs, ours)
+        if diff:
             return f"the probe group's registry entries differ from torch's: {diff}"
     except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
         return f"the probe group failed: {type(e).__name__}: {e}"
@@ -458,9 +463,8 @@ def _split_probe_reason() -> str | None:
         made.append(ours)
         if w.group_count - count != torch_step:
             return "torch's group counter moves differently in split_group"
-        a, b = _entries(theirs), _entries(ours)
-        if a != b:
-            diff = sorted(k for k in a if a[k] != b.get(k))
+        diff = _entries_differing(theirs, ours)
+        if diff:
             return f"the split probe group's registry entries differ from torch's: {diff}"
     except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
         return f"the split probe failed: {type(e).__name__}: {e}"

@@ -1,28 +1,6 @@
 """Megatron-core's rank conventions as layouts: ``RankGenerator``, ``ModelParallelLayout`` and the
-table of every group ``initialize_model_parallel`` creates (torch-free; see :mod:`rankmesh.megatron`).
-
-Megatron-core's rank conventions over :class:`~rankmesh.MeshLayout`.
-
-Megatron names its parallel dims with an *order* string such as ``"tp-cp-ep-dp-pp"``: the
-leftmost name varies fastest over the ranks. That is a row-major mesh read backwards, so a
-:class:`RankGenerator` is the world unflattened in the reversed order, and a *token* such as
-``"tp-pp"`` is the flatten of the slice of its names (taken in mesh order)::
-
-    >>> g = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
-    >>> g.order                                 # names left out are appended (size 1)
-    'tp-dp-pp-ep-cp'
-    >>> g.mesh_layout.names, g.mesh_layout.shape
-    (('cp', 'ep', 'pp', 'dp', 'tp'), (1, 1, 2, 2, 2))
-    >>> g.get_ranks("dp")                       # megatron-core's answer, as lists
-    [[0, 2], [1, 3], [4, 6], [5, 7]]
-    >>> g.my_group(5, "tp-pp").tolist()         # one rank's group, O(group size)
-    [0, 1, 4, 5]
-
-``get_ranks`` answers exactly what megatron-core's ``RankGenerator.get_ranks`` does (same groups,
-same order), but a rank only ever needs :meth:`RankGenerator.my_group`, which costs O(group
-size) instead of O(world). :func:`model_parallel_layout` builds the dense ("decoder") and expert
-generators the way ``megatron.core.parallel_state.initialize_model_parallel`` does, checks the
-same invariants, and names every group Megatron creates.
+table of every group ``initialize_model_parallel`` creates (torch-free). How an order string such
+as ``"tp-cp-ep-dp-pp"`` maps to a mesh, with a worked example, is in :mod:`rankmesh.megatron`.
 """
 
 from __future__ import annotations
