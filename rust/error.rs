@@ -99,6 +99,11 @@ pub enum LayoutError {
     #[error("rank = {rank} is out of range for a world of {world_size} ranks; valid ranks are 0..{world_size}")]
     RankOutOfRange { rank: i128, world_size: u64 },
 
+    /// A rank of the job that is not one of a placed world's ranks (a mesh over part of the job);
+    /// `value` (in Python) is `rank`.
+    #[error("rank = {rank} is not one of this mesh's ranks ({ranks}); ask a rank of the mesh, or check is_member(rank) first")]
+    NotAMember { rank: i128, ranks: String },
+
     /// `value` (in Python) is `dim`, as given (negative dims count from the end).
     #[error("dim = {dim} is out of range for a mesh with {ndim} dimensions {names:?}; valid dims are 0..{ndim}, or -{ndim}..-1 counting from the end")]
     DimOutOfRange {
@@ -194,7 +199,7 @@ impl LayoutError {
             | Self::Incompatible { field, .. }
             | Self::InvalidLayout { field, .. } => field,
             Self::UnknownName { .. } | Self::SliceOrder { .. } | Self::EmptySlice { .. } => "names",
-            Self::RankOutOfRange { .. } => "rank",
+            Self::RankOutOfRange { .. } | Self::NotAMember { .. } => "rank",
             Self::DimOutOfRange { .. } => "dim",
             Self::InvalidRankMap { .. } => "rank_map",
         }

@@ -196,7 +196,57 @@ pub struct World {
     size: u64,
     rank_map: Option<Box<[i32]>>,
     inverse: Option<Box<[i32]>>,
+    placement: Option<Placement>,
     digest: OnceLock<u64>,
+}
+
+/// Where a world over part of the job sits: index `i` of the world is rank
+/// `offset + sum(digit_k(i) * stride_k)` of a job of `global` ranks, the digits being `i` in mixed
+/// radix of the modes' sizes (lexicographic, last mode fastest). O(modes) to store, whatever the
+/// number of ranks: a contiguous range `[S, S + N)` is `offset S, modes [(N, 1)]`, a strided one
+/// `offset S, modes [(N, k)]`, the ranks of a `(dp, tp)` mesh inferred from its groups the modes of
+/// its dims side by side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub global: u64,
+    pub offset: u64,
+    /// In lexicographic order over the world index (outermost first), size-1 modes dropped.
+    pub modes: Vec<Mode>,
+    /// The same modes sorted by stride, largest first (what [`World::index_of`] inverts with).
+    by_stride: Vec<(Mode, u64)>,
+}
+
+impl Placement {
+    #[inline]
+    fn rank_at(&self, index: u64) -> u64 {
+        let mut rest = index;
+        let mut r = self.offset;
+        for m in self.modes.iter().rev() {
+            r += (rest % m.size) * m.stride;
+            rest /= m.size;
+        }
+        r
+    }
+
+    /// `offset + (sizes):(strides)`, as errors and reprs show a placement.
+    pub fn describe(&self) -> String {
+        format!("{} + {}", self.offset, describe_modes(&self.modes))
+    }
+
+    /// The world index of global rank `rank`, or None when it is not one of the world's ranks.
+    fn index_of(&self, rank: u64) -> Option<u64> {
+        let mut r = rank.checked_sub(self.offset)?;
+        let mut index = 0;
+        for &(m, weight) in &self.by_stride {
+            let digit = r / m.stride;
+            if digit >= m.size {
+                return None;
+            }
+            r -= digit * m.stride;
+            index += digit * weight;
+        }
+        (r == 0).then_some(index)
+    }
 }
 
 impl World {
@@ -212,8 +262,121 @@ impl World {
             size,
             rank_map,
             inverse,
+            placement: None,
             digest: OnceLock::new(),
         })
+    }
+
+    /// A world over part of a job of `global` ranks: its index `i` is rank `offset + sum(digit_k(i) *
+    /// stride_k)` (see [`Placement`]). The modes must be positive and must not overlap (sorted by
+    /// stride, each stride at least the span of the modes inside it, so each rank appears once),
+    /// and every rank must be below `global`. A placement of every rank in order is the plain
+    /// world of `global` ranks.
+    pub fn placed(global: i128, offset: i128, modes: &[(i128, i128)]) -> Result<World> {
+        let global = check_world_size(global)?;
+        let bad = |field: String, value: Value, detail: String| LayoutError::InvalidLayout {
+            field,
+            value,
+            detail,
+        };
+        if offset < 0 || offset >= global as i128 {
+            return Err(LayoutError::RankOutOfRange {
+                rank: offset,
+                world_size: global,
+            });
+        }
+        let mut checked = Vec::with_capacity(modes.len());
+        for (k, &(size, stride)) in modes.iter().enumerate() {
+            if size <= 0 || stride <= 0 || size > global as i128 || stride > global as i128 {
+                return Err(bad(
+                    format!("modes[{k}]"),
+                    Value::Ints(vec![size, stride]),
+                    format!(
+                        "mode ({size}, {stride}) needs a positive size and stride within the world of {global} ranks"
+                    ),
+                ));
+            }
+            checked.push(Mode::new(size as u64, stride as u64));
+        }
+        let modes = coalesce(&checked);
+        let all = || Value::Modes(vec![modes.iter().map(|m| (m.size, m.stride)).collect()]);
+        let mut by_stride: Vec<Mode> = modes.clone();
+        by_stride.sort_by_key(|m| std::cmp::Reverse(m.stride));
+        // Non-overlap: inside each mode, the modes of smaller stride span less than its stride.
+        let mut span = 1u128; // 1 + the largest offset of the modes seen so far (smallest strides)
+        for m in by_stride.iter().rev() {
+            if (m.stride as u128) < span {
+                return Err(bad(
+                    "modes".into(),
+                    all(),
+                    format!(
+                        "the modes overlap: stride {} is inside the span {span} of the modes of smaller stride, \
+                         so some rank would appear twice; give modes whose strides nest (e.g. (2, 4), (4, 1))",
+                        m.stride
+                    ),
+                ));
+            }
+            span += (m.size as u128 - 1) * m.stride as u128;
+        }
+        let last = offset as u128 + span - 1;
+        if last >= global as u128 {
+            return Err(LayoutError::RankOutOfRange {
+                rank: last as i128,
+                world_size: global,
+            });
+        }
+        let size: u64 = modes.iter().map(|m| m.size).product();
+        if offset == 0 && size == global && modes.len() <= 1 {
+            return World::new(global as i128, None);
+        }
+        let mut weights = vec![0u64; modes.len()];
+        let mut w = 1u64;
+        for (k, m) in modes.iter().enumerate().rev() {
+            weights[k] = w;
+            w *= m.size;
+        }
+        let mut by_stride: Vec<(Mode, u64)> = modes.iter().copied().zip(weights).collect();
+        by_stride.sort_by_key(|(m, _)| std::cmp::Reverse(m.stride));
+        Ok(World {
+            size,
+            rank_map: None,
+            inverse: None,
+            placement: Some(Placement {
+                global,
+                offset: offset as u64,
+                modes,
+                by_stride,
+            }),
+            digest: OnceLock::new(),
+        })
+    }
+
+    /// Where this world sits in a larger job, or None for a world of the whole job.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
+    }
+
+    /// Ranks in the job this world's ranks belong to (its own size unless placed).
+    pub fn global_size(&self) -> u64 {
+        self.placement.as_ref().map_or(self.size, |p| p.global)
+    }
+
+    /// Whether `rank` is one of this world's ranks.
+    pub fn is_member(&self, rank: i128) -> bool {
+        self.index_of(rank).is_ok()
+    }
+
+    /// The rank at every index, in index order (O(size)), or None for the identity.
+    pub fn ranks(&self) -> Option<Vec<i32>> {
+        match (&self.rank_map, &self.placement) {
+            (Some(m), _) => Some(m.to_vec()),
+            (None, Some(p)) => {
+                let mut out = Vec::with_capacity(self.size as usize);
+                for_each_offset(&p.modes, |o| out.push((p.offset + o) as i32));
+                Some(out)
+            }
+            (None, None) => None,
+        }
     }
 
     pub fn size(&self) -> u64 {
@@ -226,19 +389,29 @@ impl World {
     }
 
     #[inline]
-    fn rank_at(&self, index: u64) -> i32 {
-        match &self.rank_map {
-            None => index as i32,
-            Some(m) => m[index as usize],
+    pub fn rank_at(&self, index: u64) -> i32 {
+        match (&self.rank_map, &self.placement) {
+            (Some(m), _) => m[index as usize],
+            (None, Some(p)) => p.rank_at(index) as i32,
+            (None, None) => index as i32,
         }
     }
 
     fn index_of(&self, rank: i128) -> Result<u64> {
-        if rank < 0 || rank >= self.size as i128 {
+        let global = self.global_size();
+        if rank < 0 || rank >= global as i128 {
             return Err(LayoutError::RankOutOfRange {
                 rank,
-                world_size: self.size,
+                world_size: global,
             });
+        }
+        if let Some(p) = &self.placement {
+            return p
+                .index_of(rank as u64)
+                .ok_or_else(|| LayoutError::NotAMember {
+                    rank,
+                    ranks: p.describe(),
+                });
         }
         Ok(match &self.inverse {
             None => rank as u64,
@@ -252,6 +425,15 @@ impl World {
             let mut h = Xxh3::new();
             h.update(b"rankmesh.world.v1");
             h.update(&self.size.to_le_bytes());
+            if let Some(p) = &self.placement {
+                h.update(b"placed");
+                h.update(&p.global.to_le_bytes());
+                h.update(&p.offset.to_le_bytes());
+                for m in &p.modes {
+                    h.update(&m.size.to_le_bytes());
+                    h.update(&m.stride.to_le_bytes());
+                }
+            }
             match &self.rank_map {
                 None => h.update(&[0]),
                 Some(map) => {
@@ -271,7 +453,10 @@ impl World {
     }
 
     fn same(&self, other: &World) -> bool {
-        std::ptr::eq(self, other) || (self.size == other.size && self.rank_map == other.rank_map)
+        std::ptr::eq(self, other)
+            || (self.size == other.size
+                && self.rank_map == other.rank_map
+                && self.placement == other.placement)
     }
 }
 
@@ -370,6 +555,13 @@ impl Layout {
     pub fn world(world_size: i128, rank_map: Option<&[i64]>) -> Result<Layout> {
         let world = Arc::new(World::new(world_size, rank_map)?);
         Ok(Self::from_world(world))
+    }
+
+    /// The 1-D mesh named `"world"` over part of a job of `global` ranks (see [`World::placed`]).
+    pub fn placed(global: i128, offset: i128, modes: &[(i128, i128)]) -> Result<Layout> {
+        Ok(Self::from_world(Arc::new(World::placed(
+            global, offset, modes,
+        )?)))
     }
 
     /// The 1-D `"world"` mesh of an existing (shared) world.
@@ -487,6 +679,16 @@ impl Layout {
 
     pub fn world_arc(&self) -> &Arc<World> {
         &self.world
+    }
+
+    /// Ranks in the job (the default process group): the world's own size unless placed.
+    pub fn global_size(&self) -> u64 {
+        self.world.global_size()
+    }
+
+    /// Whether `rank` of the job is one of this layout's world's ranks (always, unless placed).
+    pub fn is_member(&self, rank: i128) -> bool {
+        self.world.is_member(rank)
     }
 
     pub fn world_size(&self) -> u64 {
@@ -772,12 +974,15 @@ impl Layout {
         let inner = offsets(&modes);
         let comp = complement(&modes, self.world.size);
         let mut out = Vec::with_capacity(self.world.size as usize);
-        match self.world.rank_map() {
-            None => for_each_offset(&comp, |base| {
+        match (self.world.rank_map(), self.world.placement()) {
+            (None, None) => for_each_offset(&comp, |base| {
                 out.extend(inner.iter().map(|&o| (base + o) as i32));
             }),
-            Some(map) => for_each_offset(&comp, |base| {
+            (Some(map), _) => for_each_offset(&comp, |base| {
                 out.extend(inner.iter().map(|&o| map[(base + o) as usize]));
+            }),
+            (None, Some(p)) => for_each_offset(&comp, |base| {
+                out.extend(inner.iter().map(|&o| p.rank_at(base + o) as i32));
             }),
         }
         out
@@ -1327,6 +1532,97 @@ mod tests {
         }
         // pinned value: the fingerprint must not change across releases or platforms
         assert_eq!(a.fingerprint(), PINNED_FINGERPRINT);
+    }
+
+    #[test]
+    fn placed_worlds_map_indices_to_ranks_and_back() {
+        // students on ranks [8, 16) of 32 as (dp = 2, tp = 4); a strided range; two nested modes
+        for (offset, modes) in [
+            (8i128, vec![(8i128, 1i128)]),
+            (1, vec![(8, 4)]),
+            (3, vec![(2, 16), (4, 2)]),
+        ] {
+            let w = World::placed(32, offset, &modes).unwrap();
+            let ranks = w.ranks().unwrap();
+            assert_eq!(ranks.len() as u64, w.size());
+            let mut members = 0;
+            for r in 0..32i128 {
+                match w.index_of(r) {
+                    Ok(i) => {
+                        members += 1;
+                        assert_eq!(ranks[i as usize] as i128, r);
+                        assert_eq!(w.rank_at(i) as i128, r);
+                    }
+                    Err(e) => {
+                        assert!(!ranks.contains(&(r as i32)));
+                        assert!(matches!(e, LayoutError::NotAMember { .. }), "{e}");
+                    }
+                }
+            }
+            assert_eq!(members, w.size());
+        }
+        let l = Layout::placed(32, 8, &[(8, 1)])
+            .unwrap()
+            .unflatten(0, &[2, 4], &names(&["dp", "tp"]))
+            .unwrap();
+        assert_eq!(l.group(13, 0).unwrap(), vec![9, 13]);
+        assert_eq!(l.group(13, 1).unwrap(), vec![12, 13, 14, 15]);
+        assert_eq!(l.coordinate_of(13).unwrap(), vec![1, 1]);
+        assert_eq!(l.groups(), (8..16).collect::<Vec<i32>>());
+        assert!(!l.is_member(3) && l.is_member(8) && !l.is_member(16));
+        assert!(matches!(
+            l.group(3, 0),
+            Err(LayoutError::NotAMember { rank: 3, .. })
+        ));
+        assert!(matches!(
+            l.group(32, 0),
+            Err(LayoutError::RankOutOfRange { rank: 32, .. })
+        ));
+        // every rank in order is the plain world; a placement is part of equality and fingerprint
+        assert!(World::placed(8, 0, &[(2, 4), (4, 1)])
+            .unwrap()
+            .placement()
+            .is_none());
+        let a = Layout::placed(32, 8, &[(8, 1)]).unwrap();
+        let b = Layout::placed(32, 16, &[(8, 1)]).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_ne!(
+            a.fingerprint(),
+            Layout::world(8, None).unwrap().fingerprint()
+        );
+    }
+
+    #[test]
+    fn bad_placements_are_typed() {
+        let e = World::placed(32, 0, &[(2, 1), (4, 1)]).unwrap_err();
+        assert!(
+            matches!(e, LayoutError::InvalidLayout { ref field, .. } if field == "modes"),
+            "{e}"
+        );
+        let e = World::placed(32, 30, &[(4, 1)]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LayoutError::RankOutOfRange {
+                    rank: 33,
+                    world_size: 32
+                }
+            ),
+            "{e}"
+        );
+        let e = World::placed(32, -1, &[(4, 1)]).unwrap_err();
+        assert!(
+            matches!(e, LayoutError::RankOutOfRange { rank: -1, .. }),
+            "{e}"
+        );
+        let e = World::placed(32, 0, &[(0, 1)]).unwrap_err();
+        assert!(
+            matches!(e, LayoutError::InvalidLayout { ref field, .. } if field == "modes[0]"),
+            "{e}"
+        );
+        let e = World::placed(0, 0, &[(1, 1)]).unwrap_err();
+        assert!(matches!(e, LayoutError::InvalidSize { .. }), "{e}");
     }
 
     const PINNED_FINGERPRINT: u64 = 2829958925554225088;

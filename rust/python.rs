@@ -95,7 +95,7 @@ fn to_pyerr(py: Python<'_>, e: &LayoutError) -> PyErr {
             E::EmptySlice { .. } => {
                 new_error::<EmptySliceError>(py, message, field, PyTuple::empty(py))
             }
-            E::RankOutOfRange { rank, .. } => {
+            E::RankOutOfRange { rank, .. } | E::NotAMember { rank, .. } => {
                 new_error::<RankOutOfRangeError>(py, message, field, *rank)
             }
             E::DimOutOfRange { dim, .. } => {
@@ -471,6 +471,47 @@ impl PyMeshLayout {
         Ok(Self::wrap(layout))
     }
 
+    /// The 1-D mesh named "world" over part of a job of `world_size` ranks: index `i` is rank
+    /// `offset + sum(digit_k(i) * stride_k)` for `modes` `[(size, stride), ...]`.
+    #[staticmethod]
+    #[pyo3(signature = (world_size, offset, modes))]
+    fn placed(
+        py: Python<'_>,
+        world_size: &Bound<'_, PyAny>,
+        offset: &Bound<'_, PyAny>,
+        modes: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let size = int_arg(py, world_size, "world_size")?;
+        let off = int_arg(py, offset, "offset")?;
+        let list = PyList::new(py, [modes])?;
+        let mut axes = axes_arg(py, list.as_any())?;
+        let modes = axes.pop().unwrap_or_default();
+        guarded(py, || Layout::placed(size, off, &modes)).map(Self::wrap)
+    }
+
+    /// Ranks in the job: `world_size` unless the world is placed in a larger job.
+    #[getter]
+    fn global_size(&self) -> u64 {
+        self.inner.global_size()
+    }
+
+    /// `(offset, [(size, stride), ...])` of a world over part of the job, or None.
+    #[getter]
+    fn placement(&self) -> Option<(u64, Vec<(u64, u64)>)> {
+        self.inner.world_arc().placement().map(|p| {
+            (
+                p.offset,
+                p.modes.iter().map(|m| (m.size, m.stride)).collect(),
+            )
+        })
+    }
+
+    /// Whether `rank` of the job is one of the world's ranks (O(modes)).
+    fn is_member(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let r = int_arg(py, rank, "rank")?;
+        Ok(self.inner.is_member(r))
+    }
+
     /// Splits `dim` (name or index) into `sizes` named `names`, like `DeviceMesh._unflatten`.
     fn unflatten(
         &self,
@@ -588,8 +629,8 @@ impl PyMeshLayout {
     fn rank_map<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<i32>>> {
         self.inner
             .world_arc()
-            .rank_map()
-            .map(|m| PyArray1::from_slice(py, m))
+            .ranks()
+            .map(|m| PyArray1::from_vec(py, m))
     }
 
     /// `hash(tuple(rank_map))` as CPython computes it (torch's `DeviceMesh.__hash__` hashes the
@@ -602,9 +643,10 @@ impl PyMeshLayout {
         let world = self.inner.world_arc().clone();
         guarded(py, move || {
             let n = world.size();
-            Ok(match world.rank_map() {
-                None => cpython_tuple_hash(n, (0..n).map(|i| i as i64)),
-                Some(m) => cpython_tuple_hash(n, m.iter().map(|&r| r as i64)),
+            Ok(match (world.rank_map(), world.placement()) {
+                (None, None) => cpython_tuple_hash(n, (0..n).map(|i| i as i64)),
+                (Some(m), _) => cpython_tuple_hash(n, m.iter().map(|&r| r as i64)),
+                (None, Some(_)) => cpython_tuple_hash(n, (0..n).map(|i| world.rank_at(i) as i64)),
             })
         })
     }
@@ -698,10 +740,11 @@ impl PyMeshLayout {
                 format!("{n}={} ({}):({})", a.numel(), s.join(","), d.join(","))
             })
             .collect();
-        let map = if self.inner.world_arc().rank_map().is_some() {
-            ", rank_map=<permutation>"
-        } else {
-            ""
+        let world = self.inner.world_arc();
+        let map = match (world.rank_map(), world.placement()) {
+            (Some(_), _) => ", rank_map=<permutation>".to_string(),
+            (None, Some(p)) => format!(", global_size={}, ranks={}", p.global, p.describe()),
+            (None, None) => String::new(),
         };
         format!(
             "MeshLayout([{}], world_size={}{map})",
@@ -727,6 +770,19 @@ impl PyMeshLayout {
             .map(|a| a.into_any())
             .unwrap_or_else(|| py.None().into_bound(py));
         let (names, root) = (this.inner.names(), this.inner.root_names());
+        if let Some(p) = this.inner.world_arc().placement() {
+            // over part of the job: the placement travels instead of the W-long rank map
+            let modes: Vec<(u64, u64)> = p.modes.iter().map(|m| (m.size, m.stride)).collect();
+            let parts = (
+                this.inner.world_size(),
+                py.None(),
+                axes,
+                names.to_vec(),
+                root.to_vec(),
+                (p.global, p.offset, modes),
+            );
+            return Ok((restore, parts.into_pyobject(py)?));
+        }
         let args = if names == root {
             (this.inner.world_size(), map, axes, names.to_vec()).into_pyobject(py)?
         } else {
@@ -750,9 +806,9 @@ impl PyMeshLayout {
 #[pyfunction]
 #[pyo3(signature = (*state))]
 fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout> {
-    if state.len() != 4 && state.len() != 5 {
+    if !(4..=6).contains(&state.len()) {
         let message = format!(
-            "a pickled MeshLayout has 4 parts (world_size, rank_map, axes, names) or 5 (and root_names), \
+            "a pickled MeshLayout has 4 parts (world_size, rank_map, axes, names), 5 (and root_names) or 6 (and a placement), \
              got {}; the pickle is corrupted",
             state.len()
         );
@@ -769,11 +825,47 @@ fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout
     } else {
         Some(&rank_map)
     };
-    let world = PyMeshLayout::world(py, &state.get_item(0)?, rank_map)?;
+    let world = if state.len() == 6 {
+        let placement = state.get_item(5)?;
+        let parts = placement.cast::<PyTuple>().map_err(|_| {
+            type_error(
+                py,
+                "a pickled placement is (global_size, offset, modes)".into(),
+                "placement",
+                &placement,
+            )
+        })?;
+        if parts.len() != 3 {
+            return Err(type_error(
+                py,
+                "a pickled placement is (global_size, offset, modes)".into(),
+                "placement",
+                &placement,
+            ));
+        }
+        let w = PyMeshLayout::placed(
+            py,
+            &parts.get_item(0)?,
+            &parts.get_item(1)?,
+            &parts.get_item(2)?,
+        )?;
+        if w.inner.world_size() as i128 != int_arg(py, &state.get_item(0)?, "world_size")? {
+            return Err(new_error::<InvalidLayoutError>(
+                py,
+                "a pickled placed MeshLayout's world_size differs from its placement's; the pickle is corrupted"
+                    .into(),
+                "state",
+                state.get_item(0)?,
+            ));
+        }
+        w
+    } else {
+        PyMeshLayout::world(py, &state.get_item(0)?, rank_map)?
+    };
     let axes = axes_arg(py, &state.get_item(2)?)?;
     let names = names_arg(py, &state.get_item(3)?, "names")?;
     let root = match state.len() {
-        5 => Some(names_arg(py, &state.get_item(4)?, "root_names")?),
+        5 | 6 => Some(names_arg(py, &state.get_item(4)?, "root_names")?),
         _ => None,
     };
     let w: Arc<World> = world.inner.world_arc().clone();

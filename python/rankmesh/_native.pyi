@@ -57,6 +57,39 @@ class MeshLayout:
                 are not ints (``value`` is the first such entry) or is not a sequence.
         """
 
+    @staticmethod
+    def placed(world_size: _Int, offset: _Int, modes: Sequence[tuple[_Int, _Int]]) -> MeshLayout:
+        """The 1-D mesh named ``"world"`` over part of a job of ``world_size`` ranks: its index ``i``
+        is rank ``offset + sum(digit_k(i) * stride_k)``, the digits being ``i`` in mixed radix of the
+        modes' sizes (last mode fastest). O(modes) whatever the number of ranks: a contiguous range
+        ``[S, S + N)`` is ``placed(W, S, [(N, 1)])``, a strided one ``placed(W, S, [(N, k)])``.
+        Every layout derived from it (unflatten, slicing, flatten) is over those ranks; a rank of the
+        job outside them is no member (:meth:`is_member`; per-rank queries raise for it).
+
+        >>> students = MeshLayout.placed(16, 8, [(8, 1)]).unflatten("world", (2, 4), ("dp", "tp"))
+        >>> students.group(13, "dp").tolist(), students.coordinate_of(13), students.is_member(3)
+        ([9, 13], (1, 1), False)
+        >>> MeshLayout.placed(8, 0, [(8, 1)]) == MeshLayout.world(8)  # every rank in order
+        True
+
+        Raises:
+            InvalidLayoutError: a mode that is not positive (``field`` ``"modes[k]"``), or modes
+                that overlap so that a rank would appear twice (``"modes"``).
+            RankOutOfRangeError: ``offset`` or the last rank outside ``range(world_size)``.
+            InvalidSizeError, LayoutOverflowError: ``world_size`` as in :meth:`world`.
+        """
+
+    @property
+    def global_size(self) -> int:
+        """Ranks in the job (the default process group): :attr:`world_size` unless :meth:`placed`."""
+
+    @property
+    def placement(self) -> tuple[int, list[tuple[int, int]]] | None:
+        """``(offset, modes)`` of a world over part of the job (:meth:`placed`), else None."""
+
+    def is_member(self, rank: _Int) -> bool:
+        """Whether ``rank`` of the job is one of this layout's ranks (always, unless placed)."""
+
     def unflatten(self, dim: _Dim, sizes: Sequence[_Int], names: Sequence[str]) -> MeshLayout:
         """Splits ``dim`` (name or index) into ``sizes`` named ``names``, like
         ``DeviceMesh._unflatten``; works on any dim, including ones from an earlier flatten.
@@ -172,7 +205,8 @@ a flattened dim needs a name the root does not use, e.g. "world_flat"
         (e.g. one process group can serve both)."""
 
     def rank_map(self) -> npt.NDArray[np.int32] | None:
-        """The rank map as a new int32 array, or ``None`` for the identity."""
+        """The rank map as a new int32 array, or ``None`` for the identity; for a :meth:`placed`
+        world its ranks in index order (made on request, O(its size))."""
 
     def rank_map_tuple_hash(self) -> int:
         """``hash(tuple(rank_map))`` for the world's rank map (identity included), computed
@@ -187,7 +221,8 @@ a flattened dim needs a name the root does not use, e.g. "world_flat"
         int32 array of :attr:`shape`. O(mesh size).
 
         Raises:
-            RankOutOfRangeError: ``rank`` is not in ``range(world_size)``.
+            RankOutOfRangeError: ``rank`` is not in ``range(global_size)``, or not one of the ranks
+                of a :meth:`placed` world (the message says which).
         """
 
     def coordinate_of(self, rank: _Int) -> tuple[int, ...]:
@@ -216,11 +251,12 @@ a flattened dim needs a name the root does not use, e.g. "world_flat"
 
 def _restore(*state: Any) -> MeshLayout:
     """Rebuilds a pickled MeshLayout from its parts ``(world_size, rank_map, axes, names)``, and
-    ``root_names`` for a layout derived from another root (so that its flatten refuses them), as
+    ``root_names`` for a layout derived from another root (so that its flatten refuses them), and
+    ``(global_size, offset, modes)`` for a :meth:`MeshLayout.placed` world, as
     :meth:`MeshLayout.__reduce__` gives them, validating every part as :meth:`MeshLayout.world`
     and :meth:`MeshLayout.with_modes` do: whatever a corrupted payload holds, the failure is a
     typed :mod:`rankmesh.errors` class naming its field (``InvalidLayoutError`` with field
-    ``"state"`` when there are not 4 or 5 parts)."""
+    ``"state"`` when there are not 4 to 6 parts)."""
 
 def _panic_for_test() -> None:
     """Test hook: panics inside the FFI guard; raises :class:`rankmesh.errors.InternalError`."""
