@@ -2,15 +2,15 @@
 rankmesh's meshes, against torch's own function on torch's meshes of the same recipe.
 
 rankmesh patches torch's class here (a static method called on ``DeviceMesh`` itself; no subclass
-can override it): ``rankmesh._torch_compat.install_concatenate``. The patch hands over to
+can override it): ``rankmesh.patches``' "concatenate". The patch hands over to
 rankmesh only when every input is a rankmesh mesh of one world, and is never a wrong mesh:
 
 - random worlds, rank maps, unflattens, slices and flattens; random lists of derived meshes
   (overlapping, repeated, unnamed, in any order): torch raises iff rankmesh does, with the same
   class and message, and otherwise every attribute of the result equals torch's;
 - a mix of torch and rankmesh meshes, or meshes of another world, go to torch's own function;
-- the patch is installed once, keeps torch's function as ``__wrapped__``, and the start-up
-  self-check recognises torch's function;
+- the patch is installed once, through the registry, keeps torch's function as ``__wrapped__``,
+  the start-up self-check recognises torch's function, and ``restore()`` brings torch's back;
 - the hash of the world's rank-map tuple, computed natively, equals Python's.
 """
 
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from rankmesh import _native, _torch_compat
+from rankmesh import _native, _torch_compat, patches
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -119,9 +119,22 @@ def test_the_patch_is_installed_once_and_wraps_torchs_function():
     patched = DeviceMesh.__dict__["_concatenate"]
     assert isinstance(patched, staticmethod)
     assert patched.__func__.__wrapped__ is _torch_compat._TORCH_CONCATENATE.__func__
-    assert _torch_compat.install_concatenate(lambda meshes: None) is True  # idempotent: nothing changes
+    patch = patches.get("concatenate")
+    assert patch.installed and "concatenate" in patches.installed()
+    assert patch.install() is True  # idempotent: nothing changes
     assert DeviceMesh.__dict__["_concatenate"] is patched
-    assert _torch_compat._concatenate_known() is None  # the self-check recognises torch's function
+    assert _torch_compat.concatenate_unknown() is None  # the self-check recognises torch's function
+    patch.restore()  # stock torch's function is back, and torch's own result comes out
+    try:
+        assert DeviceMesh.__dict__["_concatenate"] is _torch_compat._TORCH_CONCATENATE
+        with fake_world(8, 5):
+            m = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+            assert patch.installed  # the first fast mesh installs it again
+            patch.restore()
+            assert type(DeviceMesh._concatenate([m["dp"], m["tp"]])) is DeviceMesh
+    finally:
+        patch.install()
+    assert DeviceMesh.__dict__["_concatenate"].__func__.__wrapped__ is _torch_compat._TORCH_CONCATENATE.__func__
 
 
 @settings(max_examples=60, deadline=None)

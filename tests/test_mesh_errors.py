@@ -87,12 +87,13 @@ def test_bad_init_arguments_raise_rankmesh_errors_that_are_torchs_class_too(kwar
         _check_error(call(init_device_mesh), call(torch_init_device_mesh), cls, builtin)
 
 
-def test_mesh_shape_smaller_than_the_world_raises_size_mismatch():
-    # torch accepts a mesh over the first ranks of the world; rankmesh asks for torch's own
-    # init_device_mesh there (a documented restriction), with a SizeMismatchError.
+def test_mesh_shape_larger_than_the_world_raises_size_mismatch():
+    # A mesh over part of the world is torch's semantics (tests/test_partial_meshes.py); one with
+    # more ranks than the world is a SizeMismatchError naming mesh_shape (torch fails later).
     with fake_world(8, 3):
-        with pytest.raises(SizeMismatchError, match="multiply to 8"):
-            init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        with pytest.raises(SizeMismatchError, match="multiply to at most 8") as e:
+            init_device_mesh("cpu", (4, 4), mesh_dim_names=("a", "b"))
+        assert e.value.field == "mesh_shape"
 
 
 @pytest.mark.parametrize("shape", [(True, 8), (2, 4.0), (np.float64(2.0), 4), (2, "4")], ids=repr)

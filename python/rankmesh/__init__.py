@@ -56,7 +56,7 @@ from rankmesh.topology import rank_map_from_hosts, topology_report
 
 if TYPE_CHECKING:
     from rankmesh.consistency import check_consistency
-    from rankmesh.mesh import FastDeviceMesh, init_device_mesh
+    from rankmesh.mesh import FastDeviceMesh, from_group, init_device_mesh
     from rankmesh.process_groups import BuildReport, MeshBuilder
     from rankmesh.torchtitan.parallel_dims import ParallelDims
 
@@ -65,6 +65,7 @@ from rankmesh._native import __version__ as __version__  # Cargo.toml's, built i
 # The torch layer imports torch (seconds); the layout algebra needs only numpy. Import it lazily.
 _LAZY = {
     "init_device_mesh": "rankmesh.mesh",
+    "from_group": "rankmesh.mesh",
     "FastDeviceMesh": "rankmesh.mesh",
     "ParallelDims": "rankmesh.torchtitan.parallel_dims",
     "MeshBuilder": "rankmesh.process_groups",
@@ -80,6 +81,7 @@ __all__ = [
     "MeshLayout",
     # torch layer and conventions
     "init_device_mesh",
+    "from_group",
     "FastDeviceMesh",
     "ParallelDims",
     "MeshBuilder",

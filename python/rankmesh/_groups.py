@@ -69,6 +69,9 @@ def group_key(
     if fake or (size == 1 and size_one_fake):
         backend, options_id, timeout = FAKE, None, None
     key = extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
+    placement = layout.placement
+    if placement is not None:  # a mesh over part of the job: its partition is of those ranks only
+        key = key + (("placed", placement[0], tuple(map(tuple, placement[1]))),)
     return key if mesh_dim_name is None else key + (("name", mesh_dim_name),)
 
 

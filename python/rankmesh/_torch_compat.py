@@ -20,7 +20,8 @@ The differences, one line each:
   with ``register_custom_class(typ="symbolic")``; the opaque-type registry walks the MRO, so a
   subclass is compiled exactly like ``DeviceMesh`` on every supported version.
 
-The one patch of torch's class (:func:`install_concatenate`): ``DeviceMesh._concatenate`` is a
+The one patch of torch's class (``rankmesh.patches``' "concatenate", recognised by
+:func:`concatenate_unknown`): ``DeviceMesh._concatenate`` is a
 static method that FSDP2 calls on ``DeviceMesh`` itself (``fully_shard`` joins its dp mesh with
 the parameters' TP/EP mesh), so no subclass can override it. On 2.13-2.15 it builds a plain
 ``DeviceMesh`` over the world's rank map (``tolist()`` of W ranks, then torch's W-long ``__eq__``
@@ -74,7 +75,7 @@ __all__ = [
     "flat_layout",
     "normalize_backend_override",
     "fast_meshes_available",
-    "install_concatenate",
+    "concatenate_unknown",
     "native_tuple_hash_ok",
 ]
 
@@ -150,11 +151,12 @@ def flat_layout(modes) -> FlatLayout:
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
 
 
-def _concatenate_known() -> str | None:
-    """Why ``DeviceMesh._concatenate`` is not the function rankmesh was written against, or None."""
+def concatenate_unknown(fn: object = None) -> str | None:
+    """Why ``DeviceMesh._concatenate`` (or ``fn``, the attribute as found) is not the function rankmesh
+    was written against, or None. The patch itself lives in :mod:`rankmesh.patches` ("concatenate")."""
     import inspect
 
-    fn = _TORCH_CONCATENATE
+    fn = _TORCH_CONCATENATE if fn is None else fn
     if not isinstance(fn, staticmethod):
         return "DeviceMesh._concatenate is not a staticmethod"
     try:
@@ -169,35 +171,6 @@ def _concatenate_known() -> str | None:
     if missing:
         return f"DeviceMesh._concatenate no longer reads {sorted(missing)}"
     return None
-
-
-def install_concatenate(fast) -> bool:
-    """Route ``DeviceMesh._concatenate`` through ``fast`` (rankmesh's, from :mod:`rankmesh.mesh`).
-
-    ``fast(meshes)`` returns a mesh, or None to let torch's own function run. Installed at most
-    once per process (idempotent: later calls return at once), only when
-    :func:`fast_meshes_available` holds; returns whether the patch is in place. The patched
-    function keeps torch's as ``__wrapped__`` (what the tests compare with).
-    """
-    done = _state.get("concatenate")
-    if done is not None:
-        return bool(done)
-    if not fast_meshes_available():
-        _state["concatenate"] = False
-        return False
-    torch_concatenate = _TORCH_CONCATENATE.__func__  # checked by _self_check
-
-    def _concatenate(device_mesh_list):
-        mesh = fast(device_mesh_list)
-        return torch_concatenate(device_mesh_list) if mesh is None else mesh
-
-    _concatenate.__wrapped__ = torch_concatenate  # type: ignore[attr-defined]
-    _concatenate.__doc__ = torch_concatenate.__doc__
-    _concatenate.__qualname__ = "DeviceMesh._concatenate"
-    _concatenate.__module__ = __name__
-    DeviceMesh._concatenate = staticmethod(_concatenate)
-    _state["concatenate"] = True
-    return True
 
 
 def native_tuple_hash_ok() -> bool:
@@ -233,7 +206,7 @@ def _self_check() -> str | None:
     ]
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
-    concatenate = _concatenate_known()
+    concatenate = concatenate_unknown()
     if concatenate is not None:
         return f"torch {torch.__version__}: {concatenate}"
     try:

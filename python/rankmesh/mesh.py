@@ -39,6 +39,7 @@ Example (one process standing in for rank 5 of 8 on the fake backend)::
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,8 +50,19 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rankmesh import _fast_groups
 from rankmesh import _torch_compat as compat
-from rankmesh._check import as_bool, as_int, as_layout, as_sequence, check_str, check_unique, positive_int, type_name
+from rankmesh._check import (
+    as_bool,
+    as_int,
+    as_layout,
+    as_rank,
+    as_sequence,
+    check_str,
+    check_unique,
+    positive_int,
+    type_name,
+)
 from rankmesh._native import MeshLayout
+from rankmesh._patch import Patch
 from rankmesh._torch_compat import C10dOptions as _C10dOptions
 from rankmesh._torch_compat import TorchMeshLayout as _MeshLayout
 from rankmesh._torch_compat import flat_layout as _flat_layout
@@ -58,17 +70,20 @@ from rankmesh._torch_compat import normalize_backend_override as _normalize_back
 from rankmesh.errors import (
     ArgumentTypeError,
     DimOutOfRangeError,
+    DistributedStateError,
     DuplicateNameError,
     InternalError,
+    InvalidLayoutError,
+    InvalidRankMapError,
     MeshArgumentError,
     RankmeshError,
     SizeMismatchError,
     SliceOrderError,
     UnknownNameError,
 )
-from rankmesh.process_groups import FAKE, BuildReport, MeshBuilder, check_backend_name
+from rankmesh.process_groups import FAKE, BuildReport, MeshBuilder, check_backend_name, require_default_group
 
-__all__ = ["FastDeviceMesh", "init_device_mesh"]
+__all__ = ["FastDeviceMesh", "from_group", "init_device_mesh"]
 
 BackendConfig = tuple[Any, Any]
 _NO_OVERRIDE: BackendConfig = (None, None)
@@ -106,9 +121,9 @@ class _World:
         self._rank_map_tuple: tuple[int, ...] | None = None
         self._rank_map_hash: int | None = None
         self._lock = threading.Lock()
-        # Every fast mesh has a world, so this is where torch's class learns to derive fast
-        # meshes from fast meshes (idempotent; a no-op once installed).
-        compat.install_concatenate(_concatenate)
+        #: Whether this rank is one of the world's ranks (always, unless the world is over part of
+        #: the job: then a non-member holds meshes with no coordinate and no process groups).
+        self.member = self.layout.is_member(self.rank)
 
     def rank_map(self) -> torch.Tensor:
         """The world's rank map as torch holds it (int32, 1-D, contiguous); made once."""
@@ -375,7 +390,8 @@ class FastDeviceMesh(DeviceMesh):
         d["_pg_registry"] = {}
         d["_dim_group_names"] = group_names
         d["_rank"] = world.rank
-        d["_coordinate_on_dim"] = tuple(rm_layout.coordinate_of(world.rank))
+        # None on a rank outside a mesh over part of the job, as torch's get_coordinate()
+        d["_coordinate_on_dim"] = tuple(rm_layout.coordinate_of(world.rank)) if world.member else None
         d["_hash"] = None
         return self
 
@@ -391,8 +407,19 @@ class FastDeviceMesh(DeviceMesh):
 
     @property
     def mesh(self) -> torch.Tensor:
-        """This rank's copy of the mesh (int32, ``shape``), as torch's ``.mesh``; O(mesh size)."""
-        return torch.from_numpy(self._rm_layout.mesh_of(self._rank))
+        """This rank's copy of the mesh (int32, ``shape``), as torch's ``.mesh``; O(mesh size).
+
+        On a rank outside a mesh over part of the job, as torch: the mesh when it has one copy (a
+        root), else torch's ``RuntimeError`` (which copy would it be?)."""
+        if self._rm_world.member:
+            return torch.from_numpy(self._rm_layout.mesh_of(self._rank))
+        if self._rm_layout.num_copies == 1:
+            return torch.from_numpy(self._rm_layout.groups()[0])
+        raise RuntimeError(
+            "In order to get the mesh Tensor of a DeviceMesh it needs to either have all its original dimensions "
+            f"(e.g., no slicing) or it needs to contain the local rank (rank {self._rank} is not in this mesh over "
+            "part of the job; its get_coordinate() is None)"
+        )
 
     @property
     def layout(self) -> MeshLayout:
@@ -459,6 +486,8 @@ class FastDeviceMesh(DeviceMesh):
         registry = self._get_root_mesh()._pg_registry
         names = []
         for pg in pgs:
+            if pg is None:  # a rank outside a mesh over part of the job: no group, as torch's []
+                continue
             registry[pg.group_name] = pg
             names.append(pg.group_name)
         return names
@@ -498,7 +527,7 @@ class FastDeviceMesh(DeviceMesh):
         # this rank's part from the Rust layout instead of building a DeviceMesh over the world.
         own = tuple(self._mesh_dim_names or ())
         group_names: list[str] = []
-        for name in submesh_dim_names:
+        for name in submesh_dim_names if self._rm_world.member else ():
             if name in own:
                 group_names.append(self._dim_group_names[own.index(name)])
             else:  # a flattened dim sliced from the root (deprecated in torch, still supported)
@@ -671,6 +700,38 @@ def _concatenate(meshes: Sequence[DeviceMesh]) -> FastDeviceMesh | None:
     return FastDeviceMesh._make(world, rm_layout, layout, first._device_type, names, group_names, root)
 
 
+def _patched_concatenate(torch_concatenate: Any) -> Any:
+    def _concatenate_or_torchs(device_mesh_list):  # noqa: ANN001, ANN202
+        mesh = _concatenate(device_mesh_list)
+        return torch_concatenate(device_mesh_list) if mesh is None else mesh
+
+    _concatenate_or_torchs.__doc__ = torch_concatenate.__doc__
+    _concatenate_or_torchs.__qualname__ = "DeviceMesh._concatenate"
+    return _concatenate_or_torchs
+
+
+def _recognise_concatenate(original: Any) -> str | None:
+    if not compat.fast_meshes_available():
+        return "rankmesh's fast meshes are off on this torch"
+    return compat.concatenate_unknown(original)
+
+
+#: The one patch of torch's own class (listed in :mod:`rankmesh.patches`): ``DeviceMesh._concatenate``
+#: on fast meshes of one world is :func:`_concatenate`, anything else torch's own. The first fast mesh
+#: installs it (``_world_of``); unpickling installs nothing.
+CONCATENATE = Patch(
+    "concatenate",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "_concatenate",
+    _patched_concatenate,
+    why="FSDP2 joins its dp mesh and each parameter's mesh with it; torch's builds a W-long rank map per call, "
+    "rankmesh's is O(ndim) when every input is a rankmesh mesh of one world (torch's own otherwise)",
+    versions="torch 2.13-2.15: a staticmethod(device_mesh_list) that reads the fields rankmesh sets",
+    recognise=_recognise_concatenate,
+    wrap=staticmethod,
+)
+
+
 def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
     names = (key,) if isinstance(key, str) else tuple(key)
     for i, n in enumerate(names):  # a name that is not UTF-8 text is the wrong type, not unknown
@@ -727,9 +788,15 @@ def init_device_mesh(
     mesh_dim_names: Sequence[str] | None = None,
     backend_override: Mapping[int | str, Any] | None = None,
     rank_map: Any = None,
+    ranks: Any = None,
     size_one_fake: bool = True,
 ) -> DeviceMesh:
     """torch's ``init_device_mesh``, returning a :class:`FastDeviceMesh` built in O(group size).
+
+    A mesh with fewer ranks than the world is over part of the job, as in torch: ranks
+    ``0 .. numel - 1`` by default, or ``ranks``. Every rank of the job makes the call; the others
+    get a mesh whose ``get_coordinate()`` is None and which has no process groups (slicing,
+    ``_flatten`` and ``_unflatten`` still work there, where torch raises).
 
     Args:
         device_type: ``"cuda"``, ``"cpu"``, ... (no index, as in torch).
@@ -740,6 +807,12 @@ def init_device_mesh(
         rank_map: optional permutation of ``range(world_size)`` placing rank ``rank_map[i]`` at
             world index ``i`` (topology-aware placement, as ``MeshLayout.world``); the result equals
             ``DeviceMesh(device_type, rank_map.reshape(mesh_shape), ...)``.
+        ranks: for a mesh over part of the job, its ranks in mesh order: a ``range`` (contiguous
+            or strided; O(1)), or any sequence of ranks (O(numel) to read). Ranks that form a
+            layout (an offset plus ``(size, stride)`` modes, e.g. ``[8, 9, 12, 13]``) give a fast
+            mesh that stores O(ndim); any other list gives torch's own ``DeviceMesh(mesh=...)``
+            with one warning. The result equals ``DeviceMesh(device_type,
+            torch.tensor(ranks).reshape(mesh_shape), ...)``.
         size_one_fake: serve dims of size 1 (of this mesh and every mesh derived from it) with
             ``fake``-backend groups, which never communicate: one process group fewer per such
             dim. ``False`` is torch's rule, a one-rank group on the dim's backend (what
@@ -756,6 +829,16 @@ def init_device_mesh(
         >>> mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
         >>> mesh["tp"].mesh.tolist(), mesh["dp"].mesh.tolist(), mesh.get_coordinate()
         ([4, 5, 6, 7], [2, 6], (1, 2))
+
+    Students on ranks 0-3 as (dp, tp), teachers on ranks 4-7: on rank 6 only the teachers' mesh
+    has a coordinate and groups; the students' mesh answers slices all the same::
+
+        >>> students = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        >>> teachers = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), ranks=range(4, 8))
+        >>> teachers.get_coordinate(), teachers["tp"].mesh.tolist(), students.get_coordinate()
+        ((1, 0), [6, 7], None)
+        >>> students.mesh.tolist(), students["dp"].get_coordinate()
+        ([[0, 1], [2, 3]], None)
         >>> dist.destroy_process_group()
     """
     if not isinstance(device_type, str):
@@ -789,17 +872,39 @@ def init_device_mesh(
         dist.init_process_group()
     world_size = dist.get_world_size()
     numel = int(np.prod(shape, dtype=object))
-    if numel != world_size:
+    if numel > world_size:
         raise SizeMismatchError(
             f"mesh_shape {shape} has {numel} ranks but the default process group has {world_size}; "
-            f"make the sizes multiply to {world_size} (a mesh over part of the world: use torch's own "
-            "init_device_mesh)",
+            f"make the sizes multiply to at most {world_size}",
             field="mesh_shape",
             value=shape,
         )
     if isinstance(rank_map, torch.Tensor):
         rank_map = rank_map.detach().cpu().numpy()
-    world_layout = MeshLayout.world(world_size, rank_map)
+    if ranks is not None or numel < world_size:
+        if rank_map is not None:
+            raise MeshArgumentError(
+                "rank_map places the ranks of a mesh over the whole world, ranks those of a mesh over part of it; "
+                "give one of them (for part of the world with a permuted order, list the ranks in mesh order)",
+                field="rank_map",
+                value="<rank map>",
+            )
+        placement = _placement_of(range(numel) if ranks is None else ranks, numel, world_size)
+        if placement is None:  # a list of ranks that is no layout: torch's own mesh over them
+            _warn_once(
+                "ranks",
+                "rankmesh.init_device_mesh: the ranks given are not an offset plus (size, stride) modes, so rankmesh "
+                "builds torch's own DeviceMesh over them (O(world size) per rank)",
+            )
+            return DeviceMesh(
+                device_type,
+                torch.tensor(list(ranks), dtype=torch.int).reshape(shape),
+                mesh_dim_names=names,
+                backend_override=overrides,
+            )
+        world_layout = MeshLayout.placed(world_size, *placement)
+    else:
+        world_layout = MeshLayout.world(world_size, rank_map)
 
     if not compat.fast_meshes_available():
         return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
@@ -807,8 +912,9 @@ def init_device_mesh(
     rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
     rm_layout = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
     tl = _torch_layout(rm_layout)
-    builder = MeshBuilder(world_layout, device_type=device_type, size_one_fake=size_one_fake)
-    world = _world_of(builder)
+    whole = world_layout if world_layout.placement is None else MeshLayout.world(world_size)
+    builder = MeshBuilder(whole, device_type=device_type, size_one_fake=size_one_fake)
+    world = _world_of(builder, world_layout)
     root = FastDeviceMesh._make(world, rm_layout, tl, device_type, names, [], None)
     root._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
     group_names = root._groups_for(rm_layout, range(len(shape)), overrides)
@@ -816,6 +922,133 @@ def init_device_mesh(
     if names is None:
         # torch keeps unnamed meshes unnamed; the Rust layout needs names, the mesh does not.
         root.__dict__["_mesh_dim_names"] = None
+    return root
+
+
+def from_group(
+    group: dist.ProcessGroup | Sequence[dist.ProcessGroup],
+    device_type: str,
+    mesh: Any = None,
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """torch's ``DeviceMesh.from_group`` without the world-sized ``mesh`` tensor: a
+    :class:`FastDeviceMesh` over process groups a framework already has, in O(group size) per dim.
+
+    Each group's ranks (in the group's order) are read once and must be an offset plus
+    ``(size, stride)`` modes; the mesh's ranks are the dims' modes side by side around this rank,
+    so its ``mesh``, names, groups, coordinate and local ranks are those of
+    ``DeviceMesh.from_group(groups, device_type, mesh=<the ranks arranged by the groups>,
+    mesh_dim_names=...)``. The groups themselves are the mesh's process groups; ``_flatten`` and
+    ``_unflatten`` of the result create new ones as rankmesh's meshes do.
+
+    With ``mesh`` given, torch's own ``DeviceMesh.from_group`` runs (it reads every rank anyway). A
+    group whose ranks are no layout: torch's own, with one warning, for one group; a typed error
+    asking for ``mesh`` for several (torch's n-D form needs it).
+
+    Every rank calls this with its own groups (SPMD, as torch); the ranks cannot check each other's
+    groups without communicating: :func:`rankmesh.check_consistency` does.
+
+    Example (rank 6 of 8: the tp groups are [4, 5], [6, 7], ..., the dp groups [0, 2, 4, 6] and
+    [1, 3, 5, 7], made by hand as Megatron does)::
+
+        >>> import torch.distributed as dist
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=6, world_size=8, store=FakeStore())
+        >>> tp = dist.new_group([6, 7], use_local_synchronization=True)
+        >>> dp = dist.new_group([0, 2, 4, 6], use_local_synchronization=True)
+        >>> m = from_group([dp, tp], "cpu", mesh_dim_names=("dp", "tp"))
+        >>> m.mesh.tolist(), m.get_coordinate(), m["tp"].get_group() is tp
+        ([[0, 1], [2, 3], [4, 5], [6, 7]], (3, 0), True)
+        >>> dist.destroy_process_group()
+    """
+    if mesh is not None:
+        return DeviceMesh.from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
+    check_str(device_type, "device_type")
+    single = isinstance(group, dist.ProcessGroup)
+    groups = [group] if single else list(as_sequence(group, "group", "process groups"))
+    if not groups:
+        raise MeshArgumentError("Expects at least one ProcessGroup to be passed", field="group", value=group)
+    names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
+    if not single and names is None:
+        raise MeshArgumentError(
+            "Must pass mesh_dim_names if passing multiple ProcessGroups: one name per group",
+            field="mesh_dim_names",
+            value=None,
+        )
+    if names is not None and len(names) != len(groups):
+        raise SizeMismatchError(
+            f"mesh_dim_names {names} has {len(names)} names for {len(groups)} ProcessGroups; give one name per group",
+            field="mesh_dim_names",
+            value=names,
+        )
+    require_default_group("DeviceMesh from_group")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    origin, modes, shape = rank, [], []
+    for i, pg in enumerate(groups):
+        if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:
+            raise DistributedStateError(
+                f"group[{i}] is not a process group of this rank ({rank}); from_group takes the calling rank's own "
+                "group in every dim",
+                field=f"group[{i}]",
+                value=pg,
+            )
+        if not isinstance(pg, dist.ProcessGroup):
+            raise ArgumentTypeError(
+                f"group[{i}] must be a torch.distributed ProcessGroup, got {type_name(pg)} {pg!r}",
+                field=f"group[{i}]",
+                value=pg,
+            )
+        if pg is dist.group.WORLD:  # O(1): every rank in order
+            ranks, where, place = None, rank, (0, [(world_size, 1)] if world_size > 1 else [])
+        else:
+            ranks = np.asarray(dist.get_process_group_ranks(pg), dtype=np.int64)
+            hits = np.nonzero(ranks == rank)[0]
+            if not hits.size:
+                raise DistributedStateError(
+                    f"group[{i}] does not hold this rank ({rank}); from_group takes the calling rank's own group in "
+                    "every dim",
+                    field=f"group[{i}]",
+                    value=pg.group_name,
+                )
+            where = int(hits[0])
+            place = _placement_of(ranks, len(ranks), world_size)
+        if place is None:
+            if single:
+                _warn_once(
+                    "from_group",
+                    "rankmesh.from_group: the group's ranks are not an offset plus (size, stride) modes, so rankmesh "
+                    "builds torch's own DeviceMesh.from_group",
+                )
+                return DeviceMesh.from_group(group, device_type, mesh_dim_names=mesh_dim_names)
+            raise MeshArgumentError(
+                f"group[{i}]'s ranks are not an offset plus (size, stride) modes, so rankmesh cannot infer the mesh; "
+                "pass mesh= (torch's DeviceMesh.from_group then builds it)",
+                field=f"group[{i}]",
+                value=pg.group_name,
+            )
+        offset, dim_modes = place
+        origin -= (int(ranks[where]) if ranks is not None else rank) - offset
+        modes += dim_modes
+        shape.append(len(ranks) if ranks is not None else world_size)
+    try:
+        world_layout = MeshLayout.placed(world_size, origin, modes)
+    except (InvalidLayoutError, RankmeshError) as e:
+        raise MeshArgumentError(
+            f"the groups do not fit together as the dims of one mesh around rank {rank} ({e}); give groups that are "
+            "the dims of one mesh, each once",
+            field="group",
+            value=[getattr(g, "group_name", g) for g in groups],
+        ) from e
+    rm_names = names if names is not None else ("dim_0",)
+    rm_layout = world_layout.unflatten(0, tuple(shape), rm_names)
+    if not compat.fast_meshes_available():
+        full = torch.from_numpy(world_layout.rank_map()).reshape(shape)
+        return DeviceMesh.from_group(group, device_type, full, mesh_dim_names=mesh_dim_names)
+    builder = MeshBuilder(MeshLayout.world(world_size), device_type=device_type)
+    world = _world_of(builder, world_layout)
+    root = FastDeviceMesh._make(world, rm_layout, _torch_layout(rm_layout), device_type, names, [], None)
+    root.__dict__["_dim_group_names"] = root._register(groups)
     return root
 
 
@@ -831,6 +1064,10 @@ def _torch_init(
     from torch.distributed.device_mesh import init_device_mesh as torch_init
 
     rank_map = world_layout.rank_map()
+    if world_layout.placement is not None:
+        return DeviceMesh(
+            device_type, torch.from_numpy(rank_map).reshape(shape), mesh_dim_names=names, backend_override=overrides
+        )
     if rank_map is None:
         return torch_init(
             device_type,
@@ -846,10 +1083,107 @@ def _torch_init(
     )
 
 
-def _world_of(builder: MeshBuilder) -> _World:
+def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:
     """The :class:`_World` every mesh over ``builder``'s groups shares (kept by the builder for
-    this layer: :meth:`MeshBuilder.layer_state`)."""
-    return builder.layer_state("rankmesh.mesh", lambda: _World(builder.world, builder.rank, builder))
+    this layer: :meth:`MeshBuilder.layer_state`): of the builder's whole world, or of ``world``, a
+    world over part of the job (``MeshLayout.placed``), one per placement."""
+    # The first fast mesh installs the "concatenate" patch (rankmesh.patches; idempotent, undone by
+    # rankmesh.patches.restore_all(), kept out by RANKMESH_DISABLE=concatenate), so that FSDP2's
+    # DeviceMesh._concatenate of fast meshes is a fast mesh. Unpickling a mesh installs nothing.
+    CONCATENATE.install()
+    if world is None or world.placement is None:
+        return builder.layer_state("rankmesh.mesh", lambda: _World(builder.world, builder.rank, builder))
+    offset, modes = world.placement
+    key = f"rankmesh.mesh placed {offset} {modes}"
+    return builder.layer_state(key, lambda: _World(world, builder.rank, builder))
+
+
+def _placed_world(layout: MeshLayout) -> MeshLayout:
+    """The 1-D ``("world",)`` layout of the world ``layout`` is over (placed or the whole job)."""
+    placement = layout.placement
+    if placement is None:
+        return MeshLayout.world(layout.world_size, layout.rank_map())
+    return MeshLayout.placed(layout.global_size, placement[0], placement[1])
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """``(offset, modes)`` of the ranks of a mesh over part of the job, in mesh order, such that
+    ``ranks[i] == offset + sum(digit_k(i) * stride_k)``; None when the ranks are no such layout (a
+    general subset). A ``range`` is O(1); a sequence is read once (O(numel), numpy). Ranks outside
+    the job, repeated ranks or the wrong number of ranks are typed errors naming ``ranks``."""
+    if isinstance(ranks, range):
+        if len(ranks) != numel:
+            raise SizeMismatchError(
+                f"ranks {ranks} holds {len(ranks)} ranks but mesh_shape has {numel}; give one rank per mesh position",
+                field="ranks",
+                value=ranks,
+            )
+        as_rank(ranks[0], world_size, "ranks[0]")
+        as_rank(ranks[-1], world_size, f"ranks[{numel - 1}]")
+        if numel == 1:
+            return ranks[0], []
+        if ranks.step > 0:
+            return ranks[0], [(numel, ranks.step)]
+        ranks = list(ranks)  # descending: a valid list, read as one
+    if isinstance(ranks, torch.Tensor):
+        ranks = ranks.detach().cpu().numpy()
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__len__"):
+        as_sequence(ranks, "ranks", "ranks")  # the typed error for a str, a scalar, an iterator
+        ranks = list(ranks)
+    arr = np.asarray(ranks)
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        for i, r in enumerate(arr.reshape(-1).tolist()):
+            as_int(r, f"ranks[{i}]")  # the first entry that is not an int
+        arr = arr.astype(np.int64)
+    arr = arr.reshape(-1).astype(np.int64)
+    if arr.size != numel:
+        raise SizeMismatchError(
+            f"ranks holds {arr.size} ranks but mesh_shape has {numel}; give one rank per mesh position",
+            field="ranks",
+            value=arr.size,
+        )
+    bad = np.nonzero((arr < 0) | (arr >= world_size))[0]
+    if bad.size:
+        as_rank(int(arr[bad[0]]), world_size, f"ranks[{int(bad[0])}]")
+    uniq, counts = np.unique(arr, return_counts=True)
+    if uniq.size != arr.size:
+        twice = int(uniq[np.argmax(counts > 1)])
+        raise InvalidRankMapError(
+            f"ranks lists rank {twice} more than once; a mesh holds each rank once",
+            field="ranks",
+            value=twice,
+        )
+    offset = int(arr[0])
+    cur = arr - offset
+    if cur.min() < 0:
+        return None  # the first rank of a layout is its smallest
+    modes: list[tuple[int, int]] = []
+    while cur.size > 1:
+        stride = int(cur[1])
+        expect = np.arange(cur.size, dtype=np.int64) * stride
+        off = np.nonzero(cur != expect)[0]
+        size = int(off[0]) if off.size else int(cur.size)
+        if cur.size % size:
+            return None
+        blocks = cur.reshape(-1, size)
+        if not np.array_equal(blocks - blocks[:, :1], np.broadcast_to(expect[:size], blocks.shape)):
+            return None
+        modes.insert(0, (size, stride))
+        cur = blocks[:, 0]
+    try:
+        MeshLayout.placed(world_size, offset, modes)
+    except InvalidLayoutError:  # pragma: no cover - distinct ranks in these modes never overlap
+        return None
+    return offset, modes
 
 
 def _fake_dim_indices(layout: MeshLayout, fake_dims: Sequence[str | int]) -> set[int]:

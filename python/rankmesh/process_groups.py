@@ -236,8 +236,10 @@ class MeshBuilder:
         group_desc: str | None = None,
         tag: str | None = None,
         mesh_dim_name: str | None = None,
-    ) -> dist.ProcessGroup:
-        """This rank's process group in ``dim`` of ``layout``.
+    ) -> dist.ProcessGroup | None:
+        """This rank's process group in ``dim`` of ``layout``; None when ``layout`` is over part of
+        the job (``MeshLayout.placed``) and this rank is not one of its ranks (it still takes the
+        members' steps, so every rank must make the call).
 
         ``fake=True`` (or a dim of size 1, unless the builder has ``size_one_fake=False``) gives
         a group on the ``fake`` backend, which never communicates. ``backend`` / ``pg_options``
@@ -279,6 +281,10 @@ class MeshBuilder:
         pg = self._existing(key)
         if pg is not _NOT_YET:
             return pg
+        if not layout.is_member(self._rank):
+            # A mesh over part of the job that leaves this rank out: no group here, but the same
+            # steps as the members (torch's group names and the split need them), see _create.
+            return self._create(key, None, str(name), backend, pg_options, timeout, group_desc or f"mesh_{name}")
         ranks = np.sort(layout.group(self._rank, dim))
         if group_desc is None:
             group_desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
@@ -493,7 +499,9 @@ class MeshBuilder:
             return
         as_layout(layout, "layout")
         same = layout.world_size == self._world.world_size
-        if same:
+        if layout.placement is not None:  # over part of the job: ranks of the default group
+            same = layout.global_size == self._world_size
+        elif same:
             mine, theirs = self._world.rank_map(), layout.rank_map()
             if (mine is None) != (theirs is None) or (mine is not None and not np.array_equal(mine, theirs)):
                 same = False

@@ -1,0 +1,159 @@
+"""The :class:`Patch` object every rankmesh patch is (a leaf module: it imports nothing of rankmesh).
+
+Each patch is defined next to the code it installs (``rankmesh.mesh``: ``DeviceMesh._concatenate``;
+``rankmesh.torchtitan.spmd_axis``: ``MeshAxis.__le__``; ``rankmesh.megatron.fsdp``: Megatron-FSDP's
+meshes); :mod:`rankmesh.patches` lists them all and undoes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Patch", "disabled", "source_hash"]
+
+_lock = threading.RLock()
+_warned: set[tuple[str, str]] = set()
+
+
+def source_hash(fn: Any) -> str:
+    """The first 16 hex digits of the SHA-256 of ``fn``'s source with blank lines and surrounding
+    whitespace dropped: what a patch compares to recognise the body it replaces (a new release that
+    changes the body changes the hash, whatever its version string says)."""
+    fn = getattr(fn, "__func__", fn)
+    src = inspect.getsource(fn)
+    text = "\n".join(line.strip() for line in src.splitlines() if line.strip())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def disabled(name: str) -> bool:
+    """Whether ``RANKMESH_DISABLE`` (comma-separated patch names, or ``all``) names ``name``."""
+    raw = os.environ.get("RANKMESH_DISABLE", "")
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    return "all" in names or name in names
+
+
+class Patch:
+    """One attribute rankmesh replaces: ``owner.attribute = make(original)``.
+
+    Args:
+        name: the registry name (also what ``RANKMESH_DISABLE`` takes).
+        owner: the dotted path of the module or class that holds the attribute.
+        attribute: the attribute replaced.
+        make: ``make(original, *args) -> replacement`` (``args`` as given to :meth:`install`); the
+            replacement keeps the original as ``__wrapped__``.
+        why: one line for the README table.
+        recognise: ``recognise(original) -> None`` when the original is the code rankmesh was written
+            against, else the reason it is not (a version, a changed body): then nothing is swapped.
+        wrap: ``staticmethod`` or ``None``: how the replacement is stored on a class.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        owner: str,
+        attribute: str,
+        make: Callable[[Any], Any],
+        *,
+        why: str,
+        versions: str,
+        recognise: Callable[[Any], str | None],
+        wrap: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self.attribute = attribute
+        self.why = why
+        self.versions = versions
+        self._make = make
+        self._recognise = recognise
+        self._wrap = wrap
+        self._original: Any = None
+        self._replacement: Any = None
+        self._holder: Any = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.owner}.{self.attribute}"
+
+    @property
+    def installed(self) -> bool:
+        """True while rankmesh's replacement is the attribute's value."""
+        if self._holder is None:
+            return False
+        return self._holder.__dict__.get(self.attribute) is self._replacement
+
+    def _resolve(self) -> Any:
+        parts = self.owner.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for p in parts[i:]:
+                obj = getattr(obj, p)
+            return obj
+        raise ImportError(self.owner)
+
+    def install(self, *args: Any) -> bool:
+        """Swap the attribute (idempotent); False, with one warning, when the target is missing or
+        not recognised, and False without one when ``RANKMESH_DISABLE`` names this patch."""
+        with _lock:
+            if self.installed:
+                return True
+            if disabled(self.name):
+                return False
+            try:
+                holder = self._resolve()
+            except (ImportError, AttributeError) as e:
+                self._warn("missing", f"{self.owner} is not importable ({type(e).__name__}: {e})")
+                return False
+            original = holder.__dict__.get(self.attribute)
+            if original is None:
+                self._warn("missing", f"{self.target} does not exist")
+                return False
+            reason = self._recognise(original)
+            if reason is not None:
+                self._warn(reason, reason)
+                return False
+            raw = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
+            fn = self._make(raw, *args)
+            fn.__wrapped__ = raw
+            replacement = self._wrap(fn) if self._wrap is not None else fn
+            setattr(holder, self.attribute, replacement)
+            self._holder, self._original, self._replacement = holder, original, replacement
+            return True
+
+    def restore(self) -> None:
+        """Put the original back (harmless when not installed, or when someone replaced ours since:
+        then theirs is left alone)."""
+        with _lock:
+            if self.installed:
+                setattr(self._holder, self.attribute, self._original)
+            self._holder = self._original = self._replacement = None
+
+    def original(self) -> Any:
+        """The function the patch replaced (or would replace): what runs when it is not installed."""
+        if self._original is not None:
+            return getattr(self._original, "__func__", self._original)
+        value = self._resolve().__dict__[self.attribute]
+        return getattr(value, "__func__", value)
+
+    def _warn(self, key: str, reason: str) -> None:
+        if (self.name, key) not in _warned:
+            _warned.add((self.name, key))
+            warnings.warn(
+                f"rankmesh: patch {self.name!r} ({self.target}) not installed: {reason}; the original runs "
+                f"(correct, stock speed). Recognised: {self.versions}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def __repr__(self) -> str:
+        return f"<rankmesh patch {self.name!r} on {self.target}: {'installed' if self.installed else 'not installed'}>"
