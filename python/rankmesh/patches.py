@@ -24,62 +24,17 @@ versions and which exact function bodies it recognises, whether it is installed,
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rankmesh import mesh
 from rankmesh._patch import Patch, disabled, source_hash
+from rankmesh.megatron import fsdp
+from rankmesh.torchtitan import spmd_axis
 
 __all__ = ["REGISTRY", "Patch", "disabled", "get", "installed", "restore_all", "source_hash"]
 
 
-def _spmd_axis_le_patch() -> Patch:
-    def recognise(original: Any) -> str | None:
-        from rankmesh.torchtitan import spmd_axis
-
-        return spmd_axis.unknown(original)
-
-    def make(original: Any) -> Any:
-        from rankmesh.torchtitan import spmd_axis
-
-        return spmd_axis.make_le(original)
-
-    return Patch(
-        "spmd_axis_le",
-        "spmd_types._mesh_axis.MeshAxis",
-        "__le__",
-        make,
-        why="torch's FSDP2 compares axes twice per parameter; spmd_types builds both axes' rank sets each "
-        "time (56 ms at 2^20); rankmesh compares (size, stride) modes, O(modes), sets where not a chain",
-        versions="spmd_types 0.2.3, 0.2.4, 0.3.0, 0.3.1 with the known __le__ body",
-        recognise=recognise,
-    )
-
-
-def _megatron_fsdp_patch() -> Patch:
-    def recognise(original: Any) -> str | None:
-        from rankmesh.megatron import fsdp
-
-        return fsdp.unknown(original)
-
-    def make(original: Any) -> Any:
-        from rankmesh.megatron import fsdp
-
-        return fsdp.make_init_dist_index(original)
-
-    return Patch(
-        "megatron_fsdp",
-        "megatron.core.distributed.fsdp.mcore_fsdp_adapter.FullyShardedDataParallel",
-        "_init_dist_index",
-        make,
-        why="Megatron-FSDP builds world-sized DeviceMeshes from arange(world) (3 s at 2^20); rankmesh builds "
-        "the same meshes from the groups parallel_state holds, O(group)",
-        versions="megatron-core 0.16.x with the known _init_dist_index body",
-        recognise=recognise,
-    )
-
-
 #: Every patch rankmesh can install, by name.
-REGISTRY: dict[str, Patch] = {p.name: p for p in (mesh.CONCATENATE, _spmd_axis_le_patch(), _megatron_fsdp_patch())}
+REGISTRY: dict[str, Patch] = {p.name: p for p in (mesh.CONCATENATE, spmd_axis.PATCH, fsdp.PATCH)}
 
 
 def get(name: str) -> Patch:

@@ -23,11 +23,19 @@ Without touching the script, from torchtitan's own configuration: prefix ``--mod
 
     torchrun ... -m torchtitan.train --module rankmesh.torchtitan.models.llama3 --config llama3_8b
 
-What is replaced is one name, ``torchtitan.distributed.parallel_dims.init_device_mesh``: the
-installed torchtitan's module reads it when it builds its meshes. The swap is one assignment, so
-there is never a half-patched state. On a torchtitan version that is not in
-:data:`SUPPORTED_VERSIONS`, or when that name is not torch's ``init_device_mesh`` (someone else
-replaced it), :func:`accelerate` warns once and leaves torch's path in place.
+Two names are replaced, each in one assignment, so there is never a half-patched state:
+
+- ``torchtitan.distributed.parallel_dims.init_device_mesh``: the installed torchtitan's module
+  reads it when it builds its meshes. On a torchtitan version that is not in
+  :data:`SUPPORTED_VERSIONS`, or when that name is not torch's ``init_device_mesh`` (someone else
+  replaced it), :func:`accelerate` warns once and leaves torch's path, and the next name, in place.
+- ``spmd_types._mesh_axis.MeshAxis.__le__``, where spmd_types is installed: the patch
+  ``rankmesh.patches`` calls "spmd_axis_le" (:mod:`rankmesh.torchtitan.spmd_axis`). torch's FSDP2
+  compares axes with it for every parameter, and spmd_types' own builds both axes' rank sets;
+  rankmesh's compares their (size, stride) modes. On an spmd_types body it does not recognise it
+  warns once and leaves spmd_types' own; ``RANKMESH_DISABLE=spmd_axis_le`` keeps it out.
+
+:func:`restore` (or the handle's) puts both back; the second only where the acceleration put it in.
 
     >>> import rankmesh.torchtitan as rt
     >>> rt.is_accelerated()
@@ -59,6 +67,9 @@ _warned: set[str] = set()
 # Set while the patch is in place: the module patched, the value it held before, and the handle
 # that put it there (only that handle, or restore(), takes it out).
 _patched: tuple[ModuleType, object, Acceleration] | None = None
+# Whether accelerate() installed spmd_types' MeshAxis.__le__ patch (then restoring takes it out;
+# one installed by someone else through rankmesh.patches stays).
+_installed_le = False
 
 
 class Acceleration:
@@ -81,7 +92,8 @@ class Acceleration:
         return _patched is not None and _patched[2] is self
 
     def restore(self) -> None:
-        """Put torch's ``init_device_mesh`` back, if this handle installed rankmesh's."""
+        """Put torch's ``init_device_mesh`` (and spmd_types' ``MeshAxis.__le__``) back, if this
+        handle installed rankmesh's."""
         with _lock:
             if _patched is not None and _patched[2] is self:
                 _unpatch()
@@ -100,16 +112,35 @@ class Acceleration:
 
 
 def _unpatch() -> None:
-    global _patched
+    global _patched, _installed_le
     if _patched is not None:
         module, original, _ = _patched
         setattr(module, _TARGET_NAME, original)
         _patched = None
+    if _installed_le:
+        from rankmesh.torchtitan import spmd_axis
+
+        spmd_axis.PATCH.restore()
+        _installed_le = False
+
+
+def _install_le() -> bool:
+    """Install spmd_types' ``MeshAxis.__le__`` patch where spmd_types is installed; whether this
+    call put it in (False when it was already in, is disabled, or is not recognised)."""
+    import importlib.util
+
+    if importlib.util.find_spec("spmd_types") is None:
+        return False
+    from rankmesh.torchtitan import spmd_axis
+
+    patch = spmd_axis.PATCH
+    return not patch.installed and patch.install()
 
 
 def restore() -> None:
-    """Put torch's path back whoever turned the acceleration on (e.g. the ``--module`` route).
-    Meshes built meanwhile stay as they are. Harmless when not accelerated."""
+    """Put torch's path (and spmd_types' ``MeshAxis.__le__``) back whoever turned the acceleration
+    on (e.g. the ``--module`` route). Meshes built meanwhile stay as they are. Harmless when not
+    accelerated."""
     with _lock:
         _unpatch()
 
@@ -152,7 +183,7 @@ def accelerate() -> Acceleration:
     process, or use it as a context manager to restore torch's path on exit. Calling it again
     while it is active is harmless (the second handle does nothing on exit).
     """
-    global _patched
+    global _patched, _installed_le
     version = installed_version()
     if version is None:
         _warn_once(
@@ -189,4 +220,5 @@ def accelerate() -> Acceleration:
         handle = Acceleration()
         setattr(module, _TARGET_NAME, _titan_init_device_mesh)
         _patched = (module, current, handle)
+        _installed_le = _install_le()
         return handle

@@ -1,0 +1,158 @@
+"""``spmd_types``' ``MeshAxis.__le__`` by (size, stride) modes: the rule behind the "spmd_axis_le" patch.
+
+``MeshAxis.__le__`` (spmd_types 0.2.3 to 0.3.1) says whether every rank of one axis's layout,
+counted from 0, is a rank of the other's: it builds both rank sets, ``set(layout.all_ranks_from_zero())``.
+torch's FSDP2 asks ``axis <= fsdp_axis`` for every annotated axis of every parameter, and the dp
+axis holds W/tp ranks: 56 ms a call at 2^20 ranks.
+
+The rank set of a layout whose modes, sorted by stride, each start at a multiple of where the
+previous one ends is a set of mixed-radix numbers: mode ``(size, stride)`` is free to use the
+digits between the *cut points* ``stride`` and ``size * stride``; every other digit is 0. When the
+cut points of both axes together form one divisibility chain (``1 | c1 | c2 | ...``), the two
+layouts share one mixed radix, and one set holds the other exactly when every digit range free
+in the smaller is free in the larger: a few comparisons per mode, whatever the world size.
+Axes made by flattening, unflattening and slicing one world always have such a chain; for any
+other pair :func:`contains` says ``None`` and spmd_types' own set test decides.
+
+    >>> contains([(8, 1)], [(2**20 // 8, 8)])    # tp {0..7} in dp {0, 8, 16, ...}? no
+    False
+    >>> contains([(2, 8)], [(8, 1), (4, 8)])     # {0, 8} in {0..31}: yes
+    True
+    >>> contains([(2, 3)], [(4, 1)]) is None     # {0, 3} in {0..3}: cut points 3 and 4 are no chain
+    True
+
+This module imports neither torch nor spmd_types until :func:`make_le` or :func:`unknown` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rankmesh._patch import Patch, source_hash
+
+__all__ = ["COUNTS", "KNOWN_BODY_HASHES", "KNOWN_VERSIONS", "contains", "make_le", "unknown"]
+
+#: spmd_types releases whose ``MeshAxis.__le__`` rankmesh has read (one body in all four).
+KNOWN_VERSIONS: tuple[str, ...] = ("0.2.3", "0.2.4", "0.3.0", "0.3.1")
+
+#: :func:`rankmesh._patch.source_hash` of that ``__le__``, the same in every version above.
+KNOWN_BODY_HASHES: frozenset[str] = frozenset({"a7be55d60579d6bb"})
+
+#: How often rankmesh's ``__le__`` decided by modes and how often it handed over to spmd_types'
+#: own set test ("fallback"), since import; the tests read it to see which path ran.
+COUNTS: dict[str, int] = {"modes": 0, "fallback": 0}
+
+
+def _free_ranges(modes: Iterable[tuple[int, int]]) -> list[tuple[int, int]] | None:
+    """The ``(stride, size * stride)`` digit ranges of one layout's modes, by stride; None when
+    the layout's rank set is not the product of those ranges (two ranges overlap or one does not
+    start at a multiple of where the one below ends) or a mode is not a plain positive one.
+
+    >>> _free_ranges([(4, 8), (8, 1)])
+    [(1, 8), (8, 32)]
+    >>> _free_ranges([(2, 2), (4, 1)]) is None   # {0..3} + {0, 2} = {0..5}: ranges overlap
+    True
+    """
+    ranges = []
+    for size, stride in modes:
+        if type(size) is not int or type(stride) is not int or size < 1 or stride < 0:
+            return None
+        if size > 1 and stride > 0:  # size 1 or stride 0: the mode adds only offset 0
+            ranges.append((stride, size * stride))
+    ranges.sort()
+    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+        if start % end:
+            return None
+    return ranges
+
+
+def contains(small_modes: Iterable[tuple[int, int]], big_modes: Iterable[tuple[int, int]]) -> bool | None:
+    """Whether the ranks of the layout with ``small_modes`` (``(size, stride)`` pairs, from 0) are all
+    ranks of the layout with ``big_modes``; None when the modes alone do not decide it exactly (the
+    cut points of the two layouts are no divisibility chain): then only the rank sets can.
+
+    >>> contains([(4, 2)], [(2, 1), (4, 2)])     # {0, 2, 4, 6} in {0..7}
+    True
+    >>> contains([(4, 1)], [(2, 1), (2, 4)])     # {0..3} in {0, 1, 4, 5}
+    False
+    """
+    small = _free_ranges(small_modes)
+    big = _free_ranges(big_modes)
+    if small is None or big is None:
+        return None
+    cuts = sorted({1, *(c for r in small for c in r), *(c for r in big for c in r)})
+    if any(b % a for a, b in zip(cuts, cuts[1:])):
+        return None
+    # Contiguous ranges of ``big`` free one longer run of digits: merge them, then each range of
+    # ``small`` must lie inside one run (all ends are on the chain, so inside means every digit).
+    runs: list[list[int]] = []
+    for start, end in big:
+        if runs and runs[-1][1] == start:
+            runs[-1][1] = end
+        else:
+            runs.append([start, end])
+    return all(any(lo <= start and end <= hi for lo, hi in runs) for start, end in small)
+
+
+def _modes(layout: Any) -> tuple[tuple[int, int], ...] | None:
+    try:
+        return tuple(layout.sizes_and_strides)
+    except (AttributeError, TypeError):
+        return None
+
+
+def make_le(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """The ``MeshAxis.__le__`` that replaces ``original`` (spmd_types' own): the same answer, by
+    :func:`contains` where it decides, else by ``original``."""
+    from spmd_types import _mesh_axis
+
+    def __le__(self, other):  # noqa: ANN001, ANN202
+        if not isinstance(other, _mesh_axis.MeshAxis):
+            return NotImplemented
+        if self == other:
+            return True
+        small, big = _modes(self.layout), _modes(other.layout)
+        verdict = None if small is None or big is None else contains(small, big)
+        if verdict is None:
+            COUNTS["fallback"] += 1
+            return original(self, other)
+        COUNTS["modes"] += 1
+        return verdict
+
+    __le__.__doc__ = original.__doc__
+    __le__.__qualname__ = "MeshAxis.__le__"
+    return __le__
+
+
+def unknown(original: Any) -> str | None:
+    """None when ``original`` is the ``MeshAxis.__le__`` rankmesh was written against (a version
+    in :data:`KNOWN_VERSIONS` and a body in :data:`KNOWN_BODY_HASHES`), else why it is not."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("spmd_types")
+    except metadata.PackageNotFoundError:
+        return "spmd_types has no package metadata"
+    if version not in KNOWN_VERSIONS:
+        return f"spmd_types {version} is not a version rankmesh has read"
+    try:
+        digest = source_hash(original)
+    except (OSError, TypeError):
+        return f"the source of spmd_types {version}'s MeshAxis.__le__ is not available"
+    if digest not in KNOWN_BODY_HASHES:
+        return f"the body of spmd_types {version}'s MeshAxis.__le__ changed (hash {digest})"
+    return None
+
+
+#: The patch (listed in :mod:`rankmesh.patches`; installed by :func:`rankmesh.torchtitan.accelerate`).
+PATCH = Patch(
+    "spmd_axis_le",
+    "spmd_types._mesh_axis.MeshAxis",
+    "__le__",
+    lambda original: make_le(original),
+    why="torch's FSDP2 compares mesh axes twice per parameter; spmd_types builds both axes' rank sets each time "
+    "(58 ms per call at 2^20); rankmesh compares (size, stride) modes in O(modes), the sets where they are no chain",
+    versions=f"spmd_types {', '.join(KNOWN_VERSIONS)} with the known __le__ body",
+    recognise=lambda original: unknown(original),
+)
