@@ -203,8 +203,9 @@ def test_from_group_equals_torchs_from_group(recipe):
         groups = []
         for d in dims:
             members = layout.group(rank, d).tolist()
-            groups.append(dist.new_group(members, use_local_synchronization=True) if len(members) < world else
-                          dist.group.WORLD)
+            groups.append(
+                dist.new_group(members, use_local_synchronization=True) if len(members) < world else dist.group.WORLD
+            )
         key = tuple(names[d] for d in dims)
         full = torch.from_numpy(layout[key].mesh_of(rank))
         theirs = DeviceMesh.from_group(groups, "cpu", mesh=full, mesh_dim_names=key)

@@ -33,7 +33,7 @@ pytestmark = [
 BIG = 1 << 20
 SMALL = 1 << 12
 # workload -> how many times per kind its one world may materialise the rank map
-ALLOWED = {"fsdp_tp": 0, "train_step": 0, "compile": 1}
+ALLOWED = {"fsdp_tp": 0, "train_step": 0, "compile": 1, "distill": 0, "rl_split": 0, "ep_per_stage": 0}
 
 
 @pytest.mark.parametrize("name", sorted(wl.WORKLOADS))

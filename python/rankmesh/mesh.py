@@ -207,8 +207,10 @@ def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
     check_unique(
         names,
         field,
-        lambda n: f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
-        "rename one of them",
+        lambda n: (
+            f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
+            "rename one of them"
+        ),
         value_is_all=True,
     )
     return names
@@ -587,8 +589,7 @@ class FastDeviceMesh(DeviceMesh):
     ) -> DeviceMesh:
         if not self._mesh_dim_names:
             raise MeshArgumentError(
-                "Cannot unflatten a DeviceMesh without mesh_dim_names; pass mesh_dim_names to "
-                "init_device_mesh",
+                "Cannot unflatten a DeviceMesh without mesh_dim_names; pass mesh_dim_names to init_device_mesh",
                 field="mesh_dim_names",
                 value=None,
             )
@@ -750,8 +751,7 @@ def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:
     hint = (
         f"slice them in this order: {fix} (the mesh order is {own})"
         if fix is not None
-        else f"no order of these names works: their dims interleave or overlap in the mesh {own}; "
-        "slice them separately"
+        else f"no order of these names works: their dims interleave or overlap in the mesh {own}; slice them separately"
     )
     return SliceOrderError(
         f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be in ascending order: {hint}",

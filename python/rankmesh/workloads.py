@@ -19,6 +19,11 @@ workload trains, ``step`` (forward, backward, optimizer step).
 - :func:`train_step`: the same on real CPU tensors (a small model) plus one training step.
 - :func:`compile_block`: ``torch.compile`` of a tensor-parallel block (``aot_eager``: no C++
   toolchain needed); dynamo guards on the mesh.
+- meshes over part of the world: :func:`distill` (knowledge distillation: students and teachers
+  on the two halves, each (dp, tp) with FSDP2 + TP on its own model), :func:`rl_split` (an actor
+  training mesh on the first quarter, rollout tensor-parallel groups on the rest) and
+  :func:`ep_per_stage` (one expert-parallel mesh per pipeline stage); stock torch builds these
+  with ``init_device_mesh`` over the first ranks or ``DeviceMesh(mesh=subset)``.
 - torchtitan 0.3.0's own parallelisation (:mod:`rankmesh._titan_workloads`): Llama3 8B's shape
   for every ``spmd_backend``, a MoE model with ep > 1, and the pipeline split with pp > 1.
 
@@ -50,6 +55,9 @@ __all__ = [
     "Run",
     "clear_dtensor_caches",
     "compile_block",
+    "distill",
+    "ep_per_stage",
+    "rl_split",
     "fsdp_tp",
     "mesh_init",
     "param_placements",
@@ -249,6 +257,103 @@ def compile_block(impl: str, world: int, *, rank: int | None = None, tp: int = 8
     return run
 
 
+def subset_mesh(impl: str, shape: tuple[int, ...], names: tuple[str, ...], ranks: range) -> Any:
+    """A mesh over ``ranks`` of the job, as each side builds one: rankmesh's ``init_device_mesh``
+    with ``ranks=``; torch's ``init_device_mesh`` when the ranks are the first ones, else
+    ``DeviceMesh(mesh=<the ranks as a tensor>)`` (what NeMo Automodel's KD and RL recipes do)."""
+    if impl == "rankmesh":
+        from rankmesh.mesh import init_device_mesh
+
+        return init_device_mesh("cpu", shape, mesh_dim_names=names, ranks=ranks)
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if ranks.start == 0 and ranks.step == 1:
+        return mesh_init("torch")("cpu", shape, mesh_dim_names=names)
+    return DeviceMesh("cpu", torch.arange(ranks.start, ranks.stop, ranks.step).reshape(shape), mesh_dim_names=names)
+
+
+def distill(
+    impl: str, world: int, *, rank: int | None = None, tp: int = 8, blocks: int = 16, dim: int = 256, hidden: int = 1024
+) -> Run:
+    """(g) Knowledge distillation with separate meshes: students on ranks ``[0, W/2)`` and teachers
+    on ``[W/2, W)``, each a ``(dp, tp)`` mesh; every rank builds both (SPMD) and parallelises its own
+    model (FSDP2 + TP, meta device) on the one it belongs to."""
+    import torch
+
+    run = Run()
+    half = world // 2
+    with _fake_world(world, rank):
+        with run.phase("mesh"):
+            students = subset_mesh(impl, (half // tp, tp), ("dp", "tp"), range(0, half))
+            teachers = subset_mesh(impl, (half // tp, tp), ("dp", "tp"), range(half, world))
+            mine = students if students.get_coordinate() is not None else teachers
+            run.meshes.update(students=students, teachers=teachers, tp=mine["tp"], dp=mine["dp"])
+        with run.phase("parallelise"):
+            with torch.device("meta"):
+                run.model = _blocks(blocks, dim, hidden)
+            _tp_fsdp(run.model, run.meshes["tp"], run.meshes["dp"])
+        run.extra["placements"] = param_placements(run.model)
+    return run
+
+
+def rl_split(
+    impl: str, world: int, *, rank: int | None = None, tp: int = 8, blocks: int = 16, dim: int = 256, hidden: int = 1024
+) -> Run:
+    """(h) An RL split: the actor trains on ranks ``[0, W/4)`` as ``(fsdp, tp)`` (FSDP2 + TP), the
+    rollout workers on ``[W/4, W)`` as ``(replica, tp)`` tensor-parallel inference engines (TP
+    only); every rank builds both meshes."""
+    import torch
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    run = Run()
+    actor_n = world // 4
+    with _fake_world(world, rank):
+        with run.phase("mesh"):
+            actor = subset_mesh(impl, (actor_n // tp, tp), ("fsdp", "tp"), range(0, actor_n))
+            rollout = subset_mesh(impl, ((world - actor_n) // tp, tp), ("replica", "tp"), range(actor_n, world))
+            training = actor.get_coordinate() is not None
+            mine = actor if training else rollout
+            run.meshes.update(actor=actor, rollout=rollout, tp=mine["tp"])
+            if training:
+                run.meshes["dp"] = actor["fsdp"]
+        with run.phase("parallelise"):
+            with torch.device("meta"):
+                run.model = _blocks(blocks, dim, hidden)
+            if training:
+                _tp_fsdp(run.model, run.meshes["tp"], run.meshes["dp"])
+            else:
+                for block in run.model:
+                    parallelize_module(block, run.meshes["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        run.extra["placements"] = param_placements(run.model)
+    return run
+
+
+def ep_per_stage(
+    impl: str, world: int, *, rank: int | None = None, pp: int = 4, ep: int = 8, blocks: int = 16, dim: int = 256
+) -> Run:
+    """(i) One expert-parallel mesh per pipeline stage (NeMo Automodel's MoE with pp > 1): stage
+    ``s`` holds ranks ``[s W/pp, (s+1) W/pp)`` as ``(edp, ep)``; every rank builds every stage's
+    mesh, then shards its stage's blocks over ``ep`` (tensor-parallel experts) and ``edp`` (FSDP2)."""
+    import torch
+
+    run = Run()
+    per = world // pp
+    with _fake_world(world, rank):
+        with run.phase("mesh"):
+            stages = [
+                subset_mesh(impl, (per // ep, ep), ("edp", "ep"), range(s * per, (s + 1) * per)) for s in range(pp)
+            ]
+            mine = next(m for m in stages if m.get_coordinate() is not None)
+            run.meshes.update(ep=mine["ep"], edp=mine["edp"], stages=stages)
+        with run.phase("parallelise"):
+            with torch.device("meta"):
+                run.model = _blocks(blocks, dim, 4 * dim)
+            _tp_fsdp(run.model, run.meshes["ep"], run.meshes["edp"])
+        run.extra["placements"] = param_placements(run.model)
+    return run
+
+
 def param_placements(model: Any) -> list[tuple[str, tuple[Any, ...]]]:
     """Each parameter's DTensor layout as plain data, to compare two builds: ``(name, (*mesh dim
     names, str(placements), global shape))``; ``(name, ("plain", shape))`` for a plain tensor."""
@@ -269,6 +374,9 @@ WORKLOADS: dict[str, Callable[..., Run]] = {
     "fsdp_tp": fsdp_tp,
     "train_step": train_step,
     "compile": compile_block,
+    "distill": distill,
+    "rl_split": rl_split,
+    "ep_per_stage": ep_per_stage,
 }
 #: name -> the smallest world it runs at with its default degrees (tp 8 x fsdp 256)
 MIN_WORLD: dict[str, int] = {name: 8 * 256 for name in WORKLOADS}
