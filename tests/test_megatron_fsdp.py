@@ -172,3 +172,14 @@ def test_the_patch_installs_restores_and_refuses_a_changed_body(monkeypatch):
     with pytest.warns(RuntimeWarning, match="megatron_fsdp"):
         assert patch.install() is False
     assert F.__dict__["_init_dist_index"] is changed
+
+
+@pytest.mark.parametrize("name", ["megatron_fsdp", "megatron_fsdp_moe"])
+def test_the_benchmark_workloads_build_nothing_world_sized_at_2_20(name):
+    from rankmesh.bench.megatron_fsdp import WORKLOADS
+
+    before = dict(RANK_MAP_MATERIALISATIONS)
+    run = WORKLOADS[name]("rankmesh", 1 << 20, rank=(1 << 19) + 3)
+    assert run.extra["mesh_types"] == ["FastDeviceMesh"]
+    assert RANK_MAP_MATERIALISATIONS == before
+    assert not rfsdp.is_accelerated()  # the workload restores Megatron's own method

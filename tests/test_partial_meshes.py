@@ -318,3 +318,19 @@ def test_placed_layouts_pickle_and_compare():
         m = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), ranks=range(8, 16))
         back = pickle.loads(pickle.dumps(m))
         assert back == m and back.get_coordinate() == (0, 1) and back["tp"].mesh.tolist() == [8, 9, 10, 11]
+
+
+def test_from_group_of_rankmeshs_own_groups_reads_no_ranks(monkeypatch):
+    """Groups rankmesh made from a layout carry it (rankmesh.process_groups.group_layout): from_group
+    over them is O(1) per dim, even for a dp group of 2^17 ranks."""
+    world = 1 << 20
+    with fake_world(world, 77):
+        m = init_device_mesh("cpu", (world // 8, 8), mesh_dim_names=("dp", "tp"))
+
+        def no_read(group=None):
+            raise AssertionError("from_group read a group's ranks")
+
+        monkeypatch.setattr(dist, "get_process_group_ranks", no_read)
+        g = from_group([m.get_group("dp"), m.get_group("tp")], "cpu", mesh_dim_names=("dp", "tp"))
+        assert g == m and g.get_coordinate() == m.get_coordinate() == (9, 5)
+        assert g["tp"].mesh.tolist() == list(range(72, 80))

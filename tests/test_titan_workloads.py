@@ -31,9 +31,18 @@ pytestmark = [
 
 SMALL = 1 << 12
 BIG = 1 << 20
-# spmd_types at 2^20 spends ~10 s in spmd_types' own MeshAxis.__le__ (sets of the dp axis's
-# ranks); partial_dtensor exercises the same meshes in well under a second.
-BIG_WORKLOADS = ["titan_llama3_partial_dtensor", "titan_llama3_full_dtensor", "titan_moe_partial_dtensor", "titan_pp_partial_dtensor"]  # noqa: E501
+# Every backend at 2^20, the default spmd_types included: accelerate() installs rankmesh's
+# MeshAxis.__le__ (rankmesh.torchtitan.spmd_axis), without which spmd_types' own spends ~10 s there
+# building the dp axis's rank sets.
+BIG_WORKLOADS = [
+    "titan_llama3_spmd_types",
+    "titan_llama3_partial_dtensor",
+    "titan_llama3_full_dtensor",
+    "titan_moe_spmd_types",
+    "titan_moe_partial_dtensor",
+    "titan_pp_spmd_types",
+    "titan_pp_partial_dtensor",
+]
 
 
 def _one_d(run) -> dict:
@@ -87,8 +96,12 @@ def test_one_d_meshes_equal_stocks_while_the_world_is_up():
 @pytest.mark.parametrize("name", BIG_WORKLOADS)
 def test_nothing_world_sized_is_built_at_2_20_ranks(name, count_plain_meshes):
     before = dict(RANK_MAP_MATERIALISATIONS)
+    from rankmesh.torchtitan import spmd_axis
+
+    fallbacks = spmd_axis.COUNTS["fallback"]
     run = tw.WORKLOADS[name]("rankmesh", BIG, rank=BIG // 2 + 3)
     assert RANK_MAP_MATERIALISATIONS == before
+    assert spmd_axis.COUNTS["fallback"] == fallbacks  # every axis comparison took the modes
     assert count_plain_meshes == []
     meshes = {p.device_mesh for p in run.model.parameters() if isinstance(p, DTensor)}
     assert meshes and all(type(m) is FastDeviceMesh for m in meshes)

@@ -81,7 +81,14 @@ from rankmesh.errors import (
     SliceOrderError,
     UnknownNameError,
 )
-from rankmesh.process_groups import FAKE, BuildReport, MeshBuilder, check_backend_name, require_default_group
+from rankmesh.process_groups import (
+    FAKE,
+    BuildReport,
+    MeshBuilder,
+    check_backend_name,
+    group_layout,
+    require_default_group,
+)
 
 __all__ = ["FastDeviceMesh", "from_group", "init_device_mesh"]
 
@@ -999,8 +1006,18 @@ def from_group(
                 field=f"group[{i}]",
                 value=pg,
             )
+        known = group_layout(pg)
         if pg is dist.group.WORLD:  # O(1): every rank in order
             ranks, where, place = None, rank, (0, [(world_size, 1)] if world_size > 1 else [])
+        elif known is not None:  # a group rankmesh made from a layout: O(1), its ranks are not read
+            ranks, where, place = None, rank, (known[0], list(known[1]))
+            if not MeshLayout.placed(world_size, known[0], place[1]).is_member(rank):
+                raise DistributedStateError(
+                    f"group[{i}] does not hold this rank ({rank}); from_group takes the calling rank's own group "
+                    "in every dim",
+                    field=f"group[{i}]",
+                    value=pg.group_name,
+                )
         else:
             ranks = np.asarray(dist.get_process_group_ranks(pg), dtype=np.int64)
             hits = np.nonzero(ranks == rank)[0]
@@ -1030,7 +1047,7 @@ def from_group(
         offset, dim_modes = place
         origin -= (int(ranks[where]) if ranks is not None else rank) - offset
         modes += dim_modes
-        shape.append(len(ranks) if ranks is not None else world_size)
+        shape.append(len(ranks) if ranks is not None else int(np.prod([m[0] for m in dim_modes], dtype=np.int64)))
     try:
         world_layout = MeshLayout.placed(world_size, origin, modes)
     except (InvalidLayoutError, RankmeshError) as e:

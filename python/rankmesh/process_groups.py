@@ -61,11 +61,46 @@ from rankmesh.errors import (
     MeshArgumentError,
 )
 
-__all__ = ["BuildReport", "MeshBuilder", "check_backend_name", "require_default_group"]
+__all__ = [
+    "BuildReport",
+    "MeshBuilder",
+    "check_backend_name",
+    "group_is_range",
+    "group_layout",
+    "require_default_group",
+]
 
 logger = logging.getLogger("rankmesh")
 
 _NOT_YET = object()  # MeshBuilder._existing: no group for this key yet
+
+# group name -> (the group, offset, modes): the sorted ranks of groups rankmesh created over a world
+# in rank order are ``offset + (size, stride) modes`` (outermost first), known without reading them.
+# The group itself is kept so that a name torch reuses after destroy_process_group is never taken
+# for another group's.
+_LAYOUTS: dict[str, tuple[Any, int, tuple[tuple[int, int], ...]]] = {}
+
+
+def group_layout(pg: Any) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+    """``(offset, modes)`` of a process group's sorted ranks when rankmesh created it from a layout
+    (its ranks are ``offset + sum(digit_k * stride_k)``, modes outermost first), in O(1); None for
+    any other group (read its ranks: ``dist.get_process_group_ranks``)."""
+    entry = _LAYOUTS.get(getattr(pg, "group_name", None) or "")
+    if entry is None or entry[0] is not pg:
+        return None
+    return entry[1], entry[2]
+
+
+def group_is_range(pg: Any, ranks: range) -> bool:
+    """Whether ``pg``'s ranks, in the group's order, are exactly ``ranks`` (a ``range`` with a
+    positive step): O(1) for a group rankmesh made from a layout, O(group) otherwise."""
+    known = group_layout(pg)
+    if known is not None:
+        offset, modes = known
+        n = len(ranks)
+        want = ((n, ranks.step),) if n > 1 else ()
+        return n > 0 and offset == ranks.start and tuple(modes) == want
+    return dist.get_process_group_ranks(pg) == list(ranks)
 
 
 @dataclass(frozen=True)
@@ -192,6 +227,7 @@ class MeshBuilder:
         self._rank = my_rank
         self._world_size = world_size
         self._default = dist.group.WORLD
+        self._in_rank_order = world.placement is None and world.rank_map() is None
         self._backend = str(dist.get_backend(self._default))
         self._split = getattr(self._default, "bound_device_id", None) is not None
         self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
@@ -290,6 +326,9 @@ class MeshBuilder:
             group_desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
         pg = self._create(key, ranks, str(name), backend, pg_options, timeout, group_desc)
         assert pg is not None
+        if self._in_rank_order and layout.placement is None and size > 1:
+            modes = tuple((int(a), int(b)) for a, b in layout.partition_key(dim))
+            _LAYOUTS[pg.group_name] = (pg, int(ranks[0]), modes)
         return pg
 
     def subset_group(

@@ -45,12 +45,20 @@ def _workloads() -> dict:
         from rankmesh import _titan_workloads
 
         out.update(_titan_workloads.WORKLOADS)
+    if importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("einops") is not None:
+        from rankmesh.bench import megatron_fsdp
+
+        out.update(megatron_fsdp.WORKLOADS)
     return out
 
 
 def _min_world(name: str) -> int:
     from rankmesh import workloads
 
+    if name.startswith("megatron_fsdp"):
+        from rankmesh.bench import megatron_fsdp
+
+        return megatron_fsdp.MIN_WORLD[name]
     return workloads.MIN_WORLD.get(name) or _titan_min_world(name)
 
 

@@ -154,20 +154,21 @@ class _Plan:
     rank: int = 0
 
 
-def _progression(start: int, stop: int, step: int) -> list[int]:
-    return list(range(start, stop, step))
+def _is_range(group: Any, rank: int, ranks: range) -> bool:
+    """Whether ``group``'s ranks are exactly ``ranks`` (a missing tp group stands for the one-rank
+    group of this rank, created only once the plan holds): O(1) for a group rankmesh made from a
+    layout (``rankmesh.megatron.initialize_model_parallel``'s), O(group size) otherwise."""
+    from rankmesh.process_groups import group_is_range
 
-
-def _ranks_or_self(dist: Any, group: Any, rank: int) -> list[int]:
-    # A missing tp group becomes a one-rank group of this rank (created only once the plan holds).
-    return [rank] if group is None else dist.get_process_group_ranks(group)
+    if group is None:
+        return list(ranks) == [rank]
+    return group_is_range(group, ranks)
 
 
 def _check_dp_tp(dist: Any, dp_group: Any, tp_group: Any, ep: int, world: int, rank: int, what: str) -> str | None:
     """``_get_dp_tp_mesh(dp_group, tp_group, ep_size=ep)``'s mesh is ``arange(W)`` as
     (dp, ep, tp), tp fastest, sliced at this rank's ep index: dp stride ep*tp, tp stride 1."""
-    tp_ranks = _ranks_or_self(dist, tp_group, rank)
-    tp = len(tp_ranks)
+    tp = 1 if tp_group is None else tp_group.size()
     dp = dp_group.size()
     if dp * ep * tp != world:
         return (
@@ -175,9 +176,9 @@ def _check_dp_tp(dist: Any, dp_group: Any, tp_group: Any, ep: int, world: int, r
             "(Megatron-FSDP 0.16 needs groups that tile the world: pp = 1)"
         )
     lo = rank - rank % tp
-    if tp_ranks != _progression(lo, lo + tp, 1):
-        return f"the {what} tp group {tp_ranks[:8]}... is not the contiguous block of this rank"
-    if dist.get_process_group_ranks(dp_group) != _progression(rank % (ep * tp), world, ep * tp):
+    if not _is_range(tp_group, rank, range(lo, lo + tp)):
+        return f"the {what} tp group is not the contiguous block of ranks {lo}..{lo + tp - 1}"
+    if not _is_range(dp_group, rank, range(rank % (ep * tp), world, ep * tp)):
         return f"the {what} dp_cp group is not ranks {rank % (ep * tp)}, +{ep * tp}, ... in increasing order"
     return None
 
@@ -185,8 +186,7 @@ def _check_dp_tp(dist: Any, dp_group: Any, tp_group: Any, ep: int, world: int, r
 def _check_hsdp(dist: Any, p: _Plan) -> str | None:
     """``_get_hsdp_tp_mesh``'s mesh is ``arange(W)`` as (outer, fsdp, tp), tp fastest."""
     world, rank = p.world, p.rank
-    tp_ranks = _ranks_or_self(dist, p.tp_group, rank)
-    tp = len(tp_ranks)
+    tp = 1 if p.tp_group is None else p.tp_group.size()
     outer = p.outer_fsdp_group.size()
     fsdp = p.dp_cp_group.size()
     if outer * fsdp * tp != world:
@@ -195,14 +195,14 @@ def _check_hsdp(dist: Any, p: _Plan) -> str | None:
             "(Megatron-FSDP 0.16 needs groups that tile the world: pp = 1)"
         )
     lo = rank - rank % tp
-    if tp_ranks != _progression(lo, lo + tp, 1):
-        return f"the tp group {tp_ranks[:8]}... is not the contiguous block of this rank"
+    if not _is_range(p.tp_group, rank, range(lo, lo + tp)):
+        return f"the tp group is not the contiguous block of ranks {lo}..{lo + tp - 1}"
     block = fsdp * tp
     start = rank - rank % block + rank % tp
-    if dist.get_process_group_ranks(p.dp_cp_group) != _progression(start, start + block, tp):
+    if not _is_range(p.dp_cp_group, rank, range(start, start + block, tp)):
         return "the intra-instance dp_cp group is not a contiguous, increasing block of the dp_cp group"
     step = world // outer
-    if dist.get_process_group_ranks(p.outer_fsdp_group) != _progression(rank % step, world, step):
+    if not _is_range(p.outer_fsdp_group, rank, range(rank % step, world, step)):
         return f"the outer (inter-instance) group is not ranks {rank % step}, +{step}, ... in increasing order"
     return None
 
