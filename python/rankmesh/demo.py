@@ -1,8 +1,14 @@
-"""End-to-end demo: torchtitan's meshes for one rank of a 131,072-rank world, on the fake backend.
+"""End-to-end demo: torchtitan's meshes and model for one rank of a 131,072-rank world, on the fake backend.
 
-Builds the meshes with :class:`rankmesh.ParallelDims`, prints every mesh with this rank's
-groups and the process groups created, then builds the same meshes with stock torch in the same
-process, checks that every group and local mesh is identical, and prints both timings.
+1. Builds the meshes with :class:`rankmesh.ParallelDims`, prints every mesh with this rank's groups
+   and the process groups created, then builds the same meshes with stock torch in the same
+   process, checks that every group and local mesh is identical, and prints both timings.
+2. Time to a parallelised model on torchtitan 0.3.0's default backend (``spmd_types``): Llama3 8B's
+   shape, tp 8 x dp_shard 256, stock torch and ``rankmesh.torchtitan.accelerate()`` side by side,
+   each in a fresh process (``rankmesh bench model``'s worker), per phase.
+
+Every figure is the first call, what a trainer waits for (it builds its meshes once per process):
+the modules are imported before timing; nothing is warmed up.
 
     python -m rankmesh.demo                       # W = 131072, rank 0
     python -m rankmesh.demo --world-size 1048576 --rank 777 --no-stock
@@ -30,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dp-replicate", type=int, default=2)
     p.add_argument("--dp-shard", type=int, default=-1)
     p.add_argument("--no-stock", action="store_true", help="skip the stock-torch comparison")
+    p.add_argument("--no-model", action="store_true", help="skip the time to a parallelised model (part 2)")
     args = p.parse_args(argv)
 
     import torch
@@ -45,17 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         pp=args.pp, ep=args.ep, etp=args.etp, world_size=args.world_size,
     )
     requests = all_requests()
-    # Warm both sides up on a small world first, so that the timings below compare the work and
-    # not cold imports (torch 2.15's first DeviceMesh slice imports torch._dynamo, ~2 s).
+    # Imports are not timed (torch 2.15's first DeviceMesh slice imports torch._dynamo, ~2 s); the
+    # rest is: the first build in this process, rankmesh's one-time start-up checks included.
     import torch._dynamo  # noqa: F401
     import torch.fx.experimental.proxy_tensor  # noqa: F401  (DeviceMesh slicing imports it lazily)
-
-    warm = dict(cfg, world_size=256)
-    init_fake_world(256, 0)
-    ParallelDims(**warm).build_mesh(device_type="cpu")
-    if not args.no_stock:
-        stock_build(**warm, device_type="cpu")
-    dist.destroy_process_group()
 
     init_fake_world(args.world_size, args.rank)
     print(
@@ -85,10 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"process groups created by rankmesh on this rank: {pgs_ours} ({report})")
     real = all(isinstance(m, DeviceMesh) for m in ours.values() if m is not None)
     print(f"meshes are real torch DeviceMesh objects: {real}")
-    print(f"rankmesh: build_mesh() + fetching {len(requests)} meshes/combinations: {t_ours * 1e3:,.1f} ms")
+    print(
+        f"rankmesh: build_mesh() + fetching {len(requests)} meshes/combinations: {t_ours * 1e3:,.1f} ms "
+        "(first call in this process)"
+    )
 
     if args.no_stock:
-        return 0
+        dist.destroy_process_group()
+        return 0 if args.no_model else _model(args.world_size, stock=False)
     print("\nstock torch (torchtitan-style DeviceMesh build), same process and default group ...", flush=True)
     pgs1 = registered_groups()
     t0 = time.perf_counter()
@@ -114,7 +118,46 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "yes" if not mismatches else f"NO: {mismatches}"
     print(f"identical meshes, coordinates and group ranks for all {len(requests)} requests: {verdict}")
     print(f"\nspeed-up: {t_stock / t_ours:,.0f}x  ({t_stock:,.2f} s -> {t_ours * 1e3:,.1f} ms)")
-    return 1 if mismatches else 0
+    dist.destroy_process_group()
+    if mismatches:
+        return 1
+    return 0 if args.no_model else _model(args.world_size, stock=True)
+
+
+def _model(world: int, *, stock: bool) -> int:
+    """Part 2: time to a parallelised model on torchtitan's default backend, each side in a fresh
+    process (the first call; imports excluded)."""
+    import importlib.util
+
+    from rankmesh.bench.meshes import _fmt_s
+    from rankmesh.bench.model import _run_worker
+
+    name = "titan_llama3_spmd_types"
+    if importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("spmd_types") is None:
+        print("\n(time to a parallelised model: needs torchtitan 0.3.0 and spmd_types; not installed, skipped)")
+        return 0
+    print(
+        f"\ntime to a parallelised model: torchtitan 0.3.0's Llama3 8B shape on its default spmd_backend "
+        f"(spmd_types), tp 8 x dp_shard 256, rank {world // 2 + 3:,} of {world:,}; first call in a fresh process",
+        flush=True,
+    )
+    runs = {}
+    for impl in ("rankmesh", "torch") if stock else ("rankmesh",):
+        runs[impl] = _run_worker(["--worker", impl, "--workload", name, "--world", str(world), "--cold-only"])
+    phases = [ph for ph in ("mesh", "model", "parallelise") if any(ph in r["cold_phases"] for r in runs.values())]
+    print(f"  {'phase':12s} {'stock torch':>12s} {'rankmesh':>12s}")
+    for ph in [*phases, "total"]:
+        cells = []
+        for impl in ("torch", "rankmesh"):
+            r = runs.get(impl)
+            v = None if r is None else (r["cold_total_s"] if ph == "total" else r["cold_phases"].get(ph))
+            cells.append(_fmt_s(v) if v is not None else "-")
+        print(f"  {ph:12s} {cells[0]:>12s} {cells[1]:>12s}")
+    if stock:
+        t, m = runs["torch"]["cold_total_s"], runs["rankmesh"]["cold_total_s"]
+        print(f"  speed-up: {t / m:,.1f}x; process groups on this rank: {runs['torch']['process_groups']} stock, "
+              f"{runs['rankmesh']['process_groups']} rankmesh")  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":

@@ -26,10 +26,12 @@ Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL,
 ``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
 code is made to take its split path by reporting an accelerator).
 
-Before timing, each worker imports everything and builds the same recipe once at 256 ranks, on
-both sides (torch 2.15's first slice imports ``torch._dynamo``, ~2 s). Reported per point:
-median time, the ratio, peak RSS added by the build (VmHWM after resetting it, minus the RSS
-before), the process groups this rank holds.
+Each worker imports everything first (torch 2.15's first slice imports ``torch._dynamo``, ~2 s;
+imports are not counted), then builds the recipe twice at the measured world: the **cold** first
+build (what a trainer waits for: it builds its meshes once per process; rankmesh's one-time
+start-up checks included) and the **warm** second one. Reported per point: median warm and cold
+time, the ratio, peak RSS added by the warm build (VmHWM after resetting it, minus the RSS before),
+the process groups this rank holds.
 
 Usage::
 
@@ -215,7 +217,7 @@ def _build(impl: str, recipe: str, world: int) -> int:
 
 
 def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
-    """One measurement in this process (after a warm-up build at 256 ranks)."""
+    """One measurement in this process: the cold first build, then the warm second one."""
     import torch
     import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it: ~2 s)
     import torch.distributed as dist
@@ -233,10 +235,19 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
         import megatron.core.parallel_state  # noqa: F401
 
-    init_fake_world(256, 0)
+    init_fake_world(world, rank)
     with _bound_device(path, impl):
-        _build(impl, recipe, 256)
+        t0 = time.perf_counter()
+        _build(impl, recipe, world)
+        cold = time.perf_counter() - t0
+    if recipe == "megatron":
+        import megatron.core.parallel_state as mps
+
+        mps.destroy_model_parallel()
     dist.destroy_process_group()
+    import gc
+
+    gc.collect()
 
     init_fake_world(world, rank)
     pgs_before = registered_groups()
@@ -253,6 +264,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         "world": world,
         "rank": rank,
         "total_s": t1 - t0,
+        "cold_s": cold,
         "meshes_fetched": fetched,
         "process_groups": registered_groups() - pgs_before,
         "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
@@ -357,6 +369,7 @@ def summarize(samples: list[dict]) -> list[dict]:
             if mine:
                 row[impl] = {
                     "median_s": statistics.median(s["total_s"] for s in mine),
+                    "cold_s": statistics.median(s["cold_s"] for s in mine) if "cold_s" in mine[0] else None,
                     "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in mine),
                     "process_groups": mine[0]["process_groups"],
                     "meshes": mine[0]["meshes_fetched"],
@@ -364,6 +377,8 @@ def summarize(samples: list[dict]) -> list[dict]:
                 }
         if "rankmesh" in row and "torch" in row:
             row["speedup"] = row["torch"]["median_s"] / row["rankmesh"]["median_s"]
+            if row["torch"]["cold_s"] and row["rankmesh"]["cold_s"]:
+                row["cold_speedup"] = row["torch"]["cold_s"] / row["rankmesh"]["cold_s"]
         rows.append(row)
     return rows
 
@@ -379,16 +394,20 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
             lines += [
                 f"**{recipe}, {path} path** ({n} meshes per build)",
                 "",
-                "| world size | stock torch | rankmesh | speed-up | extra RSS torch | extra RSS rankmesh "
+                "| world size | stock torch, cold | rankmesh, cold | speed-up, cold | stock torch, warm "
+                "| rankmesh, warm | speed-up, warm | extra RSS torch | extra RSS rankmesh "
                 "| PGs/rank torch | PGs/rank rankmesh |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for r in mine:
                 t, m = r.get("torch"), r.get("rankmesh")
                 cell = lambda x, k, f: f(x[k]) if x else "–"  # noqa: E731
                 speed = f"{r['speedup']:,.0f}×" if "speedup" in r else "–"
+                cold_speed = f"{r['cold_speedup']:,.0f}×" if "cold_speedup" in r else "–"
+                cold = lambda x: _fmt_s(x["cold_s"]) if x and x.get("cold_s") else "–"  # noqa: E731
                 lines.append(
-                    f"| {r['world']:,} | {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
+                    f"| {r['world']:,} | {cold(t)} | {cold(m)} | {cold_speed} "
+                    f"| {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
                     f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} "
                     f"| {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
                     f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} |"

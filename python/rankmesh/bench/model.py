@@ -1,12 +1,19 @@
 """Benchmark: time to a parallelised model, stock torch vs rankmesh, side by side in one run.
 
 ``rankmesh bench model`` runs each workload of :mod:`rankmesh.workloads` (and, with torchtitan
-0.3.0 installed, :mod:`rankmesh._titan_workloads`) for one rank, ``W/2 + 3``, of worlds 2^12,
-2^17 and 2^20 on the fake backend, once on stock torch's meshes and once on rankmesh's: one
-fresh process per measurement, warmed up by the same workload at the smallest world it runs at
-first (imports, DTensor's sharding rules, dynamo). Reported per point: the median of each phase
-(mesh, model, parallelise, step), the total, the peak RSS the measured run added (VmHWM reset before
-it), and the process groups it created on this rank.
+0.3.0 installed, :mod:`rankmesh._titan_workloads`; with megatron-core 0.16,
+:mod:`rankmesh.bench.megatron_fsdp`) for one rank, ``W/2 + 3``, of worlds 2^12, 2^17 and 2^20 on
+the fake backend, once on stock torch's meshes and once on rankmesh's, in a fresh process per
+measurement, twice in that process:
+
+- **cold**: the first call, what a trainer waits for (it builds its meshes once per process): the
+  modules the workload uses are imported first (imports are not counted), everything else is, the
+  one-time start-up checks of rankmesh and torch's own first-use work included;
+- **warm**: the same call again, in the same process, at the same world.
+
+Reported per point: the median of each phase (mesh, model, parallelise, step) of the warm call, the
+cold call's total, the peak RSS the warm call added (VmHWM reset before it), and the process groups
+it created on this rank.
 
 The targets (issue 16): rankmesh's parallelise phase at 2^20 within 1.25x of its time at 2^12
 (same group shapes), and at most 64 MB more peak extra RSS.
@@ -21,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -29,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rankmesh.bench.meshes import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, parse_worlds, results_dir
 
@@ -68,45 +77,93 @@ def _titan_min_world(name: str) -> int:
     return _titan_workloads.MIN_WORLD[name]
 
 
-def measure(impl: str, name: str, world: int) -> dict:
-    """One measurement in this process, after a warm-up run of the same workload."""
-    import warnings
+def _import_everything(name: str) -> None:
+    """The modules a workload uses, imported and nothing run (imports are not the cold figure)."""
+    import importlib
 
-    warnings.simplefilter("ignore")
-    import torch
-    import torch._dynamo  # noqa: F401  (torch 2.15's first DeviceMesh slice imports it)
+    mods = [
+        "torch._dynamo",  # torch 2.15's first DeviceMesh slice imports it
+        "torch.distributed.tensor",
+        "torch.distributed.tensor.parallel",
+        "torch.distributed.fsdp",
+        "rankmesh.mesh",
+        "rankmesh.workloads",
+        "rankmesh.torchtitan",
+    ]
+    if name.startswith("titan_"):
+        mods += [
+            "rankmesh._titan_workloads",
+            "torchtitan.distributed.parallel_dims",
+            "torchtitan.models.llama3",
+            "torchtitan.models.deepseek_v3",
+            "rankmesh.torchtitan.spmd_axis",
+            "spmd_types",
+        ]
+    if name.startswith("megatron_fsdp"):
+        mods += [
+            "rankmesh.bench.megatron_fsdp",
+            "rankmesh.megatron.parallel_state",
+            "rankmesh.megatron.fsdp",
+            "megatron.core.parallel_state",
+            "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
+        ]
+    for m in mods:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(m)
+
+
+def _one(impl: str, fn: Any, world: int, rank: int) -> tuple[Any, float, int, float]:
+    import gc
+
     import torch.distributed as dist
 
     from rankmesh._fast_groups import init_fake_world, registered_groups
 
-    fn = _workloads()[name]
-    small = _min_world(name)
-    fn(impl, small, rank=small // 2 + 3)  # warm-up: imports, sharding rules, dynamo
-
-    rank = world // 2 + 3
     init_fake_world(world, rank)
     pgs_before = registered_groups()
-    import gc
-
-    gc.collect()  # the warm-up's garbage is not the measured run's (a gen-2 pass costs ~0.15 s here)
+    gc.collect()  # an earlier run's garbage is not this run's (a gen-2 pass costs ~0.15 s here)
     _reset_peak_rss()
     rss_before = _rss_mb()
     t0 = time.perf_counter()
     run = fn(impl, world)
     total = time.perf_counter() - t0
-    out = {
+    pgs, rss = registered_groups() - pgs_before, max(0.0, _peak_rss_mb() - rss_before)
+    dist.destroy_process_group()
+    return run, total, pgs, rss
+
+
+def measure(impl: str, name: str, world: int, *, warm: bool = True) -> dict:
+    """One measurement in this process: the cold first call, then (``warm``) the warm second one
+    (see the module); without ``warm`` the warm fields repeat the cold call's."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+
+    _import_everything(name)
+    fn = _workloads()[name]
+    rank = world // 2 + 3
+    cold, cold_total, cold_pgs, cold_rss = _one(impl, fn, world, rank)
+    cold_phases = dict(cold.phases)
+    if warm:
+        del cold
+        run, total, pgs, rss = _one(impl, fn, world, rank)
+    else:
+        run, total, pgs, rss = cold, cold_total, cold_pgs, cold_rss
+    return {
         "impl": impl,
         "workload": name,
         "world": world,
         "rank": rank,
         "phases": run.phases,
         "total_s": total,
-        "process_groups": registered_groups() - pgs_before,
-        "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
+        "cold_phases": cold_phases,
+        "cold_total_s": cold_total,
+        "cold_extra_rss_mb": cold_rss,
+        "process_groups": pgs,
+        "extra_rss_mb": rss,
         "torch": torch.__version__,
     }
-    dist.destroy_process_group()
-    return out
 
 
 def _run_worker(args: list[str]) -> dict:
@@ -133,6 +190,8 @@ def summarize(samples: list[dict]) -> list[dict]:
                 "n": len(ss),
                 "phases": phases,
                 "total_s": statistics.median(s["total_s"] for s in ss),
+                # the first call in a fresh process (None for points measured before cold runs existed)
+                "cold_total_s": statistics.median(s["cold_total_s"] for s in ss) if "cold_total_s" in ss[0] else None,
                 "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in ss),
                 "process_groups": ss[0]["process_groups"],
             }
@@ -145,7 +204,7 @@ def _cell(row: dict | None, key: str) -> str:
         return "–"
     if key in PHASES:
         return _fmt_s(row["phases"][key]) if key in row["phases"] and row["phases"][key] else "–"
-    return _fmt_s(row[key])
+    return _fmt_s(row[key]) if row.get(key) is not None else "–"
 
 
 def scaling(rows: list[dict]) -> list[dict]:
@@ -180,13 +239,14 @@ def to_markdown(rows: list[dict]) -> str:
         ]
         for world in sorted({r["world"] for r in rows if r["workload"] == name}):
             t, m = by.get((name, world, "torch")), by.get((name, world, "rankmesh"))
-            for phase in (*PHASES, "total_s"):
-                if all(r is None or not (r["phases"].get(phase) if phase in PHASES else r[phase]) for r in (t, m)):
+            for phase in (*PHASES, "total_s", "cold_total_s"):
+                if all(r is None or not (r["phases"].get(phase) if phase in PHASES else r.get(phase)) for r in (t, m)):
                     continue
-                tv = None if t is None else (t["phases"][phase] if phase in PHASES else t[phase])
-                mv = None if m is None else (m["phases"][phase] if phase in PHASES else m[phase])
+                tv = None if t is None else (t["phases"].get(phase) if phase in PHASES else t.get(phase))
+                mv = None if m is None else (m["phases"].get(phase) if phase in PHASES else m.get(phase))
                 ratio = f"{tv / mv:,.1f}×" if tv and mv else "–"
-                label = "**total**" if phase == "total_s" else phase
+                label = {"total_s": "**total** (warm)", "cold_total_s": "**total, cold** (first call)"}
+                label = label.get(phase, phase)
                 lines.append(f"| {world:,} | {label} | {_cell(t, phase)} | {_cell(m, phase)} | {ratio} |")
             rss = [f"{r['extra_rss_mb']:,.0f} MB" if r else "–" for r in (t, m)]
             pgs = [str(r["process_groups"]) if r else "–" for r in (t, m)]
@@ -258,13 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="results folder (default: benches/results in the repo)")
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cold-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     known = _workloads()
     for name in args.workload or ():
         if name not in known:
             p.error(f"--workload {name!r}: choose from {sorted(known)}")
     if args.worker:
-        print(json.dumps(measure(args.worker, args.workload[0], args.world)))
+        print(json.dumps(measure(args.worker, args.workload[0], args.world, warm=not args.cold_only)))
         return 0
     worlds = parse_worlds(p, args.worlds)
     names = args.workload or sorted(known)
