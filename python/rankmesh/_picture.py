@@ -3,7 +3,10 @@ matplotlib, an optional extra (``pip install 'rankmesh[plot]'``).
 
 Up to :data:`FULL_PICTURE_LIMIT` ranks the picture is the whole grid of nodes x GPUs, every rank
 coloured by its group in one dim and the caller's group outlined; above, it is the caller's node
-and its group in every dim of one mesh.
+and its group in every dim of one mesh. A job of disjoint meshes (:class:`~rankmesh.plan.JobPlan`,
+:func:`draw_job_picture`) is drawn with a colour per mesh: the grid, each mesh's ranks in its
+colour, shaded by their group in one dim; above the limit, a bar of the world with each mesh's
+span.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from rankmesh._native import MeshLayout
-from rankmesh.plan import Plan
+from rankmesh.plan import JobPlan, PlacedMesh, Plan
 
-__all__ = ["FULL_PICTURE_LIMIT", "INSTALL", "draw_picture", "pyplot"]
+__all__ = ["FULL_PICTURE_LIMIT", "INSTALL", "draw_job_picture", "draw_picture", "pyplot"]
 
 #: Up to this world size the picture draws every rank.
 FULL_PICTURE_LIMIT = 512
@@ -62,11 +65,15 @@ def draw_picture(plan: Plan, rank: int, gpn: int, dim: str | None, path: str | o
     else:
         fig = _draw_large(plt, plan, rank, gpn, label, name)
         what = f"rank {rank}'s node and its groups in the {label} mesh"
+    _save(plt, fig, path)
+    return what
+
+
+def _save(plt, fig, path: str | os.PathLike[str]) -> None:
     try:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return what
 
 
 def _default_dim(plan: Plan) -> tuple[str, str]:
@@ -202,5 +209,149 @@ def _draw_large(plt, plan: Plan, rank: int, gpn: int, label: str, name: str):
         f"top: rank {rank}'s node, with the dims it shares with each GPU; rows: its group in each dim\n"
         f"black = rank {rank}; blue = on its node {my_node}; orange = on another node (number below)",
         fontsize=8.5,
+    )
+    return fig
+
+
+# -----------------------------------------------------------------------------------------------
+# a job of disjoint meshes
+# -----------------------------------------------------------------------------------------------
+
+#: Colour of the ranks in no mesh.
+_OUTSIDE = "#e6e6e6"
+
+
+def draw_job_picture(job: JobPlan, rank: int, gpn: int, dim: str | None, path: str | os.PathLike[str]) -> str:
+    """Draws a job of disjoint meshes to ``path``; returns a one-line description. Up to
+    :data:`FULL_PICTURE_LIMIT` ranks: the grid of nodes x GPUs, a colour per mesh, its ranks
+    shaded by their group in ``dim`` (``tp`` or ``mesh.dim``; a mesh without it: its fastest dim
+    of size > 1) and ``rank``'s group outlined; above, a bar of the world with each mesh's span.
+    Raises as :func:`draw_picture`."""
+    plt = pyplot()
+    label, name = None, "tp"
+    if dim is not None:  # "dp": every mesh holding dp; "teachers.dp": that mesh alone
+        label, name = job.find_dim(dim)
+        label = label if "." in dim else None
+    shade = {m.label: _shade_dim(m, name if label in (None, m.label) else None) for m in job.meshes.values()}
+    if job.world_size <= FULL_PICTURE_LIMIT:
+        fig = _draw_job_grid(plt, job, rank, gpn, shade)
+        what = "a colour per mesh, shaded by " + ", ".join(f"{k}.{v}" for k, v in shade.items()) + " groups"
+    else:
+        fig = _draw_job_bar(plt, job, rank)
+        what = "a lane per mesh over the world's ranks"
+    _save(plt, fig, path)
+    return what
+
+
+def _shade_dim(m: PlacedMesh, asked: str | None) -> str:
+    lay = m.layout
+    if asked in lay.names:
+        return asked  # type: ignore[return-value]
+    return next((n for i, n in reversed(list(enumerate(lay.names))) if int(lay.size(i)) > 1), lay.names[-1])
+
+
+def _lighter(hex_color: str, f: float) -> str:
+    """``hex_color`` mixed with white (``f`` = 0: itself, 1: white)."""
+    rgb = [int(hex_color[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * f):02x}" for c in rgb)
+
+
+def _draw_job_grid(plt, job: JobPlan, rank: int, gpn: int, shade: dict[str, str]):
+    from matplotlib.patches import Patch, Rectangle
+
+    world = job.world_size
+    nodes = world // gpn
+    colour = {label: _PALETTE[i % len(_PALETTE)] for i, label in enumerate(job.meshes)}
+    face = np.full(world, _OUTSIDE, dtype=object)
+    coord: dict[int, str] = {}
+    for m in job.meshes.values():  # small worlds only: every rank of every mesh
+        lay, d = m.layout, shade[m.label]
+        ids = lay[d].groups().reshape(-1, int(lay.size(d)))
+        for g, row in enumerate(ids):
+            face[row] = _lighter(colour[m.label], 0.42 if g % 2 else 0.0)
+        if world <= 128:
+            grid = lay.groups().reshape(-1)
+            idx = np.indices(lay.shape).reshape(lay.ndim, -1).T
+            for r, c in zip(grid.tolist(), idx.tolist()):
+                coord[r] = ",".join(map(str, c))
+    mine = job.mesh_of(rank)
+    outline = mine.layout.group(rank, shade[mine.label]).tolist() if mine is not None else [rank]
+
+    cell = 0.62 if gpn <= 16 else 0.4
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 + gpn * cell), max(2.8, 1.9 + nodes * cell * 0.62)))
+    fs = 8 if world <= 128 else 6
+    for r in range(world):
+        node, local = divmod(r, gpn)
+        col = str(face[r])
+        ax.add_patch(Rectangle((local, node), 0.94, 0.9, facecolor=col, edgecolor="white", linewidth=0.5))
+        y = node + (0.38 if r in coord else 0.45)
+        ax.text(local + 0.47, y, str(r), ha="center", va="center", fontsize=fs, color=_text_color(col))
+        if r in coord:
+            ax.text(local + 0.47, node + 0.7, f"({coord[r]})", ha="center", va="center", fontsize=fs - 2.5,
+                    color=_text_color(col))  # fmt: skip
+    for r in outline:
+        node, local = divmod(r, gpn)
+        ax.add_patch(Rectangle((local - 0.02, node - 0.02), 0.98, 0.94, fill=False, edgecolor="black", linewidth=2.2))
+    node, local = divmod(rank, gpn)
+    ax.text(local + 0.47, node + 0.02, "you", ha="center", va="top", fontsize=6, color="black", weight="bold")
+    ax.set_xlim(-0.1, gpn)
+    ax.set_ylim(nodes + 0.05, -0.3)
+    ax.set_xticks([i + 0.47 for i in range(gpn)], [str(i) for i in range(gpn)], fontsize=7)
+    step = max(1, nodes // 32)
+    ax.set_yticks([i + 0.45 for i in range(0, nodes, step)], [f"node {i}" for i in range(0, nodes, step)], fontsize=7)
+    ax.set_xlabel("local GPU (rank % gpus_per_node)", fontsize=8)
+    ax.tick_params(length=0)
+    for sp in ax.spines.values():
+        sp.set_visible(False)
+    handles = [
+        Patch(facecolor=colour[m.label], label=f"{m.label}: ranks {m.span()}  [{m.dims()}]  shades: {shade[m.label]}")
+        for m in job.meshes.values()
+    ]
+    if job.outside:
+        handles.append(Patch(facecolor=_OUTSIDE, label=f"in no mesh ({job.outside} ranks)"))
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7.5, frameon=False)
+    where = f"in {mine.label}, its {mine.label}.{shade[mine.label]} group outlined" if mine else "in no mesh"
+    coords = "; (coordinate) in its mesh" if coord else ""
+    ax.set_title(
+        f"{len(job.meshes)} meshes over a world of {world} = {nodes} nodes x {gpn} GPUs{coords}\n"
+        f"a colour per mesh, light/dark: its groups; rank {rank} {where}",
+        fontsize=9,
+    )
+    return fig
+
+
+def _draw_job_bar(plt, job: JobPlan, rank: int):
+    """A lane per mesh over the world's ranks: its span (hatched where strided: every step-th rank)."""
+    from matplotlib.patches import Rectangle
+
+    world, n = job.world_size, len(job.meshes)
+    fig, ax = plt.subplots(figsize=(10.0, 1.1 + 0.45 * n))
+    mine = job.mesh_of(rank)
+    for i, m in enumerate(job.meshes.values()):
+        col = _PALETTE[i % len(_PALETTE)]
+        r = m.ranks
+        ax.add_patch(Rectangle((0, i + 0.1), world, 0.8, facecolor=_OUTSIDE, edgecolor="none"))
+        ax.add_patch(Rectangle((r[0], i + 0.1), r[-1] + 1 - r[0], 0.8, edgecolor=col, linewidth=0.8,
+                               facecolor=_lighter(col, 0.45) if r.step > 1 else col,
+                               hatch="|||" if r.step > 1 else None))  # fmt: skip
+        back = dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5) if r.step > 1 else None
+        ax.text((r[0] + r[-1] + 1) / 2, i + 0.5, f"ranks {m.span()}  [{m.dims()}]", ha="center", va="center",
+                fontsize=7.5, color="black" if back else _text_color(col), weight="bold" if m is mine else "normal",
+                bbox=back)  # fmt: skip
+    ax.vlines(rank + 0.5, 0, n, color="black", linewidth=1.5)
+    ax.text(rank + 0.5, -0.05, f"rank {rank}", ha="center", va="bottom", fontsize=7.5, weight="bold")
+    ax.set_xlim(0, world)
+    ax.set_ylim(n, -0.35)
+    ax.set_yticks([i + 0.5 for i in range(n)], list(job.meshes), fontsize=8)
+    ax.set_xlabel("rank", fontsize=8)
+    ax.tick_params(labelsize=7, length=0)
+    for sp in ("top", "right", "left"):
+        ax.spines[sp].set_visible(False)
+    outside = f"; {job.outside} ranks in no mesh" if job.outside else ""
+    where = f"in {mine.label}" if mine is not None else "in no mesh"
+    ax.set_title(
+        f"{n} meshes over a world of {world} ranks (a lane per mesh; hatched: every step-th rank){outside}\n"
+        f"rank {rank} is {where}",
+        fontsize=9,
     )
     return fig

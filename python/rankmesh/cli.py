@@ -5,12 +5,15 @@ Usage::
     rankmesh plan --world-size 131072 --tp 8 --pp 4 --cp 2 --ep 8 --dp-replicate 2
     rankmesh plan --world-size 4096 --tp 8 --pp 4 --cp 2 --ep 8 --convention megatron --rank 1234
     rankmesh plan --world-size 64 --tp 4 --pp 2 --convention single --picture mesh.png --dim tp
+    rankmesh plan --world-size 16 --mesh students=0:8:dp=2,tp=4 --mesh teachers=8:16:dp=4,tp=2 --rank 13
     rankmesh bench --worlds 10,17
 
 ``plan`` prints the resolved degrees, every mesh and dim with its size, the groups of one rank
 (``--rank``), the number of process groups a rank creates (one per distinct rank partition,
 computed from the layouts' modes, no torch needed), and where the groups sit on the nodes;
-``--picture`` draws it (needs ``pip install 'rankmesh[plot]'``). Bad input exits with status 2,
+``--picture`` draws it (needs ``pip install 'rankmesh[plot]'``). Instead of a convention's
+degrees, ``--mesh`` (repeated) plans a job of disjoint meshes, each over part of the world, as
+``init_device_mesh(..., ranks=range(START, STOP))`` builds them. Bad input exits with status 2,
 the error the API gives for the same value and a one-line fix. ``bench`` runs
 :func:`rankmesh.bench.main`. Also available as ``python -m rankmesh``.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +34,17 @@ from rankmesh._check import as_rank, positive_int
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
 from rankmesh.megatron import DEFAULT_ORDER
-from rankmesh.plan import CONVENTIONS, build_plan, format_plan, plan_topology
+from rankmesh.plan import (
+    CONVENTIONS,
+    DEGREE_NAMES,
+    MESH_SYNTAX,
+    build_job_plan,
+    build_plan,
+    format_job_plan,
+    format_plan,
+    job_topology,
+    plan_topology,
+)
 from rankmesh.topology import gpus_per_node_from_env
 
 __all__ = ["main", "PLAN_LIMIT"]
@@ -77,7 +91,19 @@ _FLAG = {
     "order": "--order",
     "dim": "--dim",
     "convention": "--convention",
+    "mesh": "--mesh",
 }
+
+#: ``rankmesh plan --help``: how to write a job of disjoint meshes.
+_MESH_EPILOG = f"""\
+a job of disjoint meshes (--mesh, repeated; instead of --tp/--pp/... and --convention):
+  --mesh {MESH_SYNTAX}
+  ranks range(START, STOP, STEP) (STOP excluded); dims slowest first, named
+  {", ".join(DEGREE_NAMES)}; one size may be -1 (the rest); no dims: a 1-D mesh "world".
+  Knowledge distillation, students on ranks 0-7 as (dp, tp), teachers on ranks 8-15:
+    rankmesh plan --world-size 16 --mesh students=0:8:dp=2,tp=4 --mesh teachers=8:16:dp=-1,tp=2 \\
+        --rank 13 --picture kd.png
+"""
 
 
 def _plan_fix(e: RankmeshError, convention: str, order_works: Callable[[str], bool] | None = None) -> str:
@@ -130,16 +156,22 @@ def _parser() -> argparse.ArgumentParser:
         help="print the layouts, groups, process-group count and topology of a configuration",
         description="Print the resolved degrees, every mesh and dim, one rank's groups, the process "
         "groups a rank creates and where the groups sit on the nodes; optionally draw it.",
+        epilog=_MESH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     q.add_argument("--world-size", type=int, required=True, help="number of ranks (e.g. 131072)")
-    q.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
-    q.add_argument("--pp", type=int, default=1, help="pipeline parallel degree (default 1)")
-    q.add_argument("--cp", type=int, default=1, help="context parallel degree (default 1)")
-    q.add_argument("--ep", type=int, default=1, help="expert parallel degree (default 1)")
+    q.add_argument("--tp", type=int, default=None, help="tensor parallel degree (default 1)")
+    q.add_argument("--pp", type=int, default=None, help="pipeline parallel degree (default 1)")
+    q.add_argument("--cp", type=int, default=None, help="context parallel degree (default 1)")
+    q.add_argument("--ep", type=int, default=None, help="expert parallel degree (default 1)")
     q.add_argument("--dp-replicate", type=int, default=None, help="replicated data parallel degree (default 1)")
     q.add_argument("--dp-shard", type=int, default=None, help="sharded data parallel degree; -1 (default): the rest")
     q.add_argument("--etp", type=int, default=None, help="expert tensor parallel degree (default 1; megatron: tp)")
-    q.add_argument("--convention", choices=CONVENTIONS, default="torchtitan", help="convention (default torchtitan)")
+    q.add_argument("--convention", choices=CONVENTIONS, default=None, help="convention (default torchtitan)")
+    q.add_argument(
+        "--mesh", action="append", default=None, metavar="NAME=START:STOP[:DIMS]",
+        help="one mesh of a job of disjoint meshes, e.g. teachers=8:16:dp=4,tp=2 (repeat it; see below)",
+    )  # fmt: skip
     q.add_argument("--order", default=None, help="megatron order, leftmost fastest (default tp-cp-ep-dp-pp)")
     q.add_argument("--rank", type=int, default=0, help="the rank whose groups to show (default 0)")
     q.add_argument(
@@ -158,7 +190,10 @@ def _parser() -> argparse.ArgumentParser:
         "--picture", default=None, metavar="OUT.png",
         help="draw the layout (needs matplotlib: pip install 'rankmesh[plot]')",
     )  # fmt: skip
-    q.add_argument("--dim", default=None, help="dim to colour in the picture: tp or mesh.dim (default tp)")
+    q.add_argument(
+        "--dim", default=None,
+        help="dim to colour in the picture: tp or mesh.dim (default tp; with --mesh, the shades in each mesh)",
+    )  # fmt: skip
     # listed for --help only: main() hands `bench ...` to rankmesh.bench before parsing
     sub.add_parser("bench", help="benchmark against stock torch (rankmesh.bench); arguments pass through")
     return p
@@ -247,41 +282,101 @@ def _check_picture(a: argparse.Namespace) -> None:
         raise BadInput(f"--picture needs matplotlib, which is not installed ({why})", _picture.INSTALL) from e
 
 
+#: The flags of a convention's plan, which a job of --mesh meshes does not take.
+_CONVENTION_FLAGS = ("tp", "pp", "cp", "ep", "etp", "dp_replicate", "dp_shard", "convention", "order", "strict")
+
+
+def _degrees(a: argparse.Namespace, **override: object) -> dict[str, object]:
+    """The convention flags given, as :func:`build_plan` takes them (absent: its defaults)."""
+    given = {k: getattr(a, k) for k in ("tp", "pp", "cp", "ep", "etp", "dp_replicate", "dp_shard", "order")}
+    return {k: v for k, v in (given | override).items() if v is not None}
+
+
+def _node_size_fix(gpn: int, gpn_source: str) -> str:
+    """The fix for a node size that topology's own checks refuse."""
+    if gpn_source == "env":
+        return f"LOCAL_WORLD_SIZE={gpn} does not fit: set it to the real GPUs per node, or pass --gpus-per-node"
+    return f"make --world-size a multiple of {gpn}, or pass the real --gpus-per-node"
+
+
+def _flagged(message: str) -> str:
+    """A job plan's error message with its flag for the argument name: the API names a spec
+    ``mesh 'students=0:8'``, the command line ``--mesh 'students=0:8'``."""
+    return re.sub(r"(?<![-\w])mesh (?=')", "--mesh ", message)
+
+
+def _job(a: argparse.Namespace, out: TextIO) -> int:
+    """``rankmesh plan --mesh ... [--mesh ...]``: a job of disjoint meshes."""
+    world, rank = _world_and_rank(a)
+    for name in _CONVENTION_FLAGS:
+        if getattr(a, name) is None:
+            continue
+        flag = _FLAG.get(name, "--" + name)
+        if name in ("convention", "order", "strict"):
+            fix = f"drop {flag}: each --mesh is a plain DeviceMesh (init_device_mesh with ranks=); "
+            fix += "the topology lines say which groups cross nodes" if name == "strict" else "no convention applies"
+        else:
+            fix = f"drop {flag} and give each mesh its sizes, e.g. --mesh students=0:{max(1, world // 2)}:dp=-1,tp=2"
+        raise BadInput(f"{flag} does not apply with --mesh: each mesh gives its own dims", fix)
+    gpn, gpn_source, gpn_note = _gpus_per_node(a, world)
+    _check_picture(a)
+    try:
+        job = build_job_plan(world, a.mesh)
+        if a.dim is not None:
+            job.find_dim(a.dim)  # before printing
+    except RankmeshError as e:
+        raise BadInput(_flagged(str(e)), e.fix_text(_FLAG.get) or "see `rankmesh plan --help`") from e
+    if gpn_note:
+        job.notes.append(gpn_note)
+    try:
+        report = job_topology(job, rank, gpn)
+    except RankmeshError as e:
+        raise BadInput(str(e), _node_size_fix(gpn, gpn_source)) from e
+    out.write(format_job_plan(job, rank, report))
+    if a.picture is not None:
+        from rankmesh._picture import draw_job_picture
+
+        _write_picture(a, out, lambda: draw_job_picture(job, rank, gpn, a.dim, a.picture))
+    return 0
+
+
+def _write_picture(a: argparse.Namespace, out: TextIO, draw: Callable[[], str]) -> None:
+    try:
+        what = draw()
+    except OSError as e:
+        why, fix = e.strerror or str(e), _WRITABLE.format(name=Path(a.picture).name)
+        raise BadInput(f"cannot write --picture {a.picture!r}: {why}", fix) from e
+    out.write(f"\npicture: {a.picture} ({what})\n")
+
+
 def _plan(a: argparse.Namespace, out: TextIO) -> int:
+    if a.mesh is not None:
+        return _job(a, out)
     world, rank = _world_and_rank(a)
     gpn, gpn_source, gpn_note = _gpus_per_node(a, world)
     strict = _strict_families(a)
     _check_picture(a)
+    convention = a.convention or "torchtitan"
     try:
-        plan = build_plan(
-            a.convention, world, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep,
-            dp_replicate=a.dp_replicate, dp_shard=a.dp_shard, etp=a.etp, order=a.order,
-        )  # fmt: skip
+        plan = build_plan(convention, world, **_degrees(a))
         if a.dim is not None:
             plan.find_dim(a.dim)  # before printing
     except RankmeshError as e:
         def order_works(order: str) -> bool:
             try:
-                build_plan(
-                    a.convention, world, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep,
-                    dp_replicate=a.dp_replicate, dp_shard=a.dp_shard, etp=a.etp, order=order,
-                )  # fmt: skip
+                build_plan(convention, world, **_degrees(a, order=order))
             except RankmeshError:
                 return False
             return True
 
-        raise BadInput(str(e), _plan_fix(e, a.convention, order_works)) from e
+        raise BadInput(str(e), _plan_fix(e, convention, order_works)) from e
     if gpn_note:
         plan.notes.append(gpn_note)
 
     try:  # topology's own checks of the node size
         report = plan_topology(plan, rank, gpn)
     except RankmeshError as e:
-        if gpn_source == "env":
-            fix = f"LOCAL_WORLD_SIZE={gpn} does not fit: set it to the real GPUs per node, or pass --gpus-per-node"
-        else:
-            fix = f"make --world-size a multiple of {gpn}, or pass the real --gpus-per-node"
-        raise BadInput(str(e), fix) from e
+        raise BadInput(str(e), _node_size_fix(gpn, gpn_source)) from e
     violation: TopologyError | None = None
     if strict is not None:
         try:  # topology's strict mode: unknown families at once, a violation after the plan is shown
@@ -306,12 +401,7 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
     if a.picture is not None:
         from rankmesh._picture import draw_picture
 
-        try:
-            what = draw_picture(plan, rank, gpn, a.dim, a.picture)
-        except OSError as e:
-            why, fix = e.strerror or str(e), _WRITABLE.format(name=Path(a.picture).name)
-            raise BadInput(f"cannot write --picture {a.picture!r}: {why}", fix) from e
-        out.write(f"\npicture: {a.picture} ({what})\n")
+        _write_picture(a, out, lambda: draw_picture(plan, rank, gpn, a.dim, a.picture))
     return 0
 
 
