@@ -174,10 +174,13 @@ def test_non_members_keep_torchs_group_names_in_step(recipe):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 m = init_device_mesh("cpu", shape, mesh_dim_names=NAMES[: len(shape)], ranks=ranks)
-            if type(m) is FastDeviceMesh:
-                m[NAMES[0]]._flatten("f0")
-                if len(shape) > 1:
-                    m._flatten("all")
+            if type(m) is not FastDeviceMesh:
+                # torch's own mesh over an arbitrary subset: torch 2.13 itself salts later names with
+                # a count non-members do not advance (README, Known gaps); not rankmesh's steps
+                return
+            m[NAMES[0]]._flatten("f0")
+            if len(shape) > 1:
+                m._flatten("all")
             later = dist.new_group(list(range(world)), use_local_synchronization=True)
             names_seen.append(later.group_name)
     assert names_seen[0] == names_seen[1]
