@@ -5,6 +5,8 @@ groups without importing torch; :class:`rankmesh.MeshBuilder` creates them by th
 - Otherwise a dim asked to be fake is served by a ``fake``-backend group, and so is a dim of
   size 1 (it never communicates; for one rank the fake backend's collectives are exact) unless
   ``size_one_fake=False``, torch's own rule, which gives it a one-rank group on its backend.
+  A dim made fake by these rules has no options; a ``fake`` backend override keeps its options
+  and timeout, as torch passes them (``FakeProcessGroup.Options``, e.g. ``error_on_collective``).
 - Every other dim gets one group per distinct (partition of the world, backend, options, timeout,
   tag, mesh dim name): two dims whose groups are the same sets of ranks share one group. A ``tag``
   asks for a communicator of its own (Megatron's all-gather twin of the dp-cp group); a
@@ -27,6 +29,10 @@ groups without importing torch; :class:`rankmesh.MeshBuilder` creates them by th
     'fake'
     >>> is_fake(group_key(m, "dp", world_size=8, fake=True)), is_fake(group_key(m, "dp", world_size=8))
     (True, False)
+    >>> group_key(m, "dp", world_size=8, backend="fake", options_id=7)[1:]  # a fake override keeps its options
+    ('fake', 7)
+    >>> group_key(m, "dp", world_size=8, fake=True, backend="gloo", options_id=7)[1:]  # made fake: none
+    ('fake', None)
 """
 
 from __future__ import annotations
@@ -66,7 +72,10 @@ def group_key(
     size = int(layout.size(dim))
     if not fake and serves_default(size, world_size, backend=backend, options_id=options_id, tag=tag):
         return DEFAULT
-    if fake or (size == 1 and size_one_fake):
+    if (fake or (size == 1 and size_one_fake)) and backend != FAKE:
+        # made fake by rankmesh's rule, not asked for: no options or timeout of another backend.
+        # A ``fake`` override keeps its options (torch passes them to the fake backend), and a
+        # group with options is not shared with one without.
         backend, options_id, timeout = FAKE, None, None
     key = extend_key((tuple(map(tuple, layout.partition_key(dim))), backend, options_id), timeout, tag)
     placement = layout.placement

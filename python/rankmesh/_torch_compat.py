@@ -36,7 +36,9 @@ Private torch state is read in two modules only, each with a start-up check
 - here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
   ``_READ_FIELDS``; a test checks that every one :mod:`rankmesh.mesh` uses is listed), torch's
   layout algebra (``_MeshLayout``, ``_FlatLayout``, compared with rankmesh's by the self-check),
-  ``_normalize_backend_override`` and c10d's ``Backend.Options``;
+  ``_normalize_backend_override`` and c10d's ``Backend.Options``, and the argument checks of
+  ``DeviceMesh._unflatten`` / ``_create_unflatten_mesh`` / ``_create_flatten_mesh``, which
+  :func:`torch_rejects` runs on a stand-in so that rankmesh's errors start with torch's own text;
 - :mod:`rankmesh._fast_groups`: every read and write of c10d's private group registry
   (``_new_process_group_helper``, ``_register_pg_in_world``, ``_resolve_process_group``,
   ``_world``'s tables and counter, the hashed-name scheme, the backend's
@@ -74,6 +76,8 @@ __all__ = [
     "eq_fields",
     "flat_layout",
     "normalize_backend_override",
+    "torch_rejects",
+    "unknown_backend_text",
     "fast_meshes_available",
     "concatenate_unknown",
     "native_tuple_hash_ok",
@@ -146,6 +150,73 @@ def flat_layout(modes) -> FlatLayout:
     object.__setattr__(fl, "shape", tuple(int(s) for s, _ in modes))
     object.__setattr__(fl, "stride", tuple(int(d) for _, d in modes))
     return fl
+
+
+class _WouldBuild(Exception):
+    """Raised by a :class:`_StandIn` where torch's method has passed its checks and starts building."""
+
+
+class _StandIn:
+    """A mesh as torch's argument checks see it: the fields they read come from the real mesh;
+    anything else (the first step of building a mesh or a process group: ``device_type``,
+    ``_rank_map``, ``_create_unflatten_mesh``, ...) stops the call with :class:`_WouldBuild`."""
+
+    __slots__ = ("_mesh",)
+    _READS = frozenset({"ndim", "mesh_dim_names", "_mesh_dim_names", "_layout", "_flatten_mapping"})
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        object.__setattr__(self, "_mesh", mesh)
+
+    def __getattr__(self, name: str):
+        if name in _StandIn._READS:
+            return getattr(self._mesh, name)
+        if name == "_get_root_mesh":
+            return lambda: _StandIn(self._mesh._get_root_mesh())
+        raise _WouldBuild(name)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise _WouldBuild(name)
+
+    def __format__(self, spec: str) -> str:  # torch's messages name the mesh: the real one's text
+        return format(self._mesh, spec)
+
+    def __str__(self) -> str:
+        return str(self._mesh)
+
+    __repr__ = __str__
+
+
+def torch_rejects(method: str, mesh: DeviceMesh, *args) -> Exception | None:
+    """What torch's own ``DeviceMesh.<method>(mesh, *args)`` raises, or None where its checks pass.
+
+    rankmesh overrides ``_unflatten``, ``_create_unflatten_mesh`` and ``_create_flatten_mesh``, and
+    raises its own typed errors; each starts with the text of the check torch itself makes, for
+    the torch running (not a copy of torch's strings). torch has no separate function for these
+    checks, so its method runs on a stand-in of ``mesh`` that reads the mesh's fields and builds
+    nothing: where torch would go on to build (a torch that accepts what rankmesh refuses), the
+    call stops and the answer is None, and rankmesh's error keeps its own text. Callers pass the
+    arguments of one check, the others neutral, so the error that comes back is that check's.
+    """
+    try:
+        getattr(DeviceMesh, method)(_StandIn(mesh), *args)
+    except _WouldBuild:
+        return None
+    except Exception as e:  # torch's own check
+        return e
+    return None
+
+
+def unknown_backend_text(name: str) -> str:
+    """torch's error for a backend name c10d does not know. torch checks the name only while it
+    creates the group (inline in ``distributed_c10d._new_process_group_helper``, an
+    ``AssertionError`` raised after the groups of the dims before it were made), with no function
+    that could be called first, so this is the one copy of a torch message in rankmesh; the
+    property test ``tests/test_torch_answers.py`` compares it with what torch raises, so a new
+    wording fails there instead of drifting."""
+    import torch.distributed as dist
+
+    return f"Unknown backend type {dist.Backend(name)}"  # torch's name: Backend(...), lower case
+
 
 # torch's own ``DeviceMesh._concatenate`` (a staticmethod; 2.13-2.15 take one argument, the list).
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")

@@ -230,11 +230,36 @@ def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
     return tuple(positive_int(s, f"{field}[{i}]", hint=hint) for i, s in enumerate(sizes))
 
 
+def _torch_first(torch_error: BaseException | None, own: str, hint: str) -> str:
+    """An error message: torch's own where torch raises for the same case (``str`` of what its
+    check raised, for the torch running), else rankmesh's words for it; then rankmesh's hint."""
+    first = own if torch_error is None else str(torch_error)
+    if first.endswith((".", "!")):
+        return f"{first} {hint[:1].upper()}{hint[1:]}"
+    return f"{first}; {hint}"
+
+
+def _check_backend(name: str | None, field: str) -> None:
+    """:func:`check_backend_name`, its error starting with torch's for the same name where torch
+    refuses it too: a non-empty single name c10d does not know (``"Unknown backend type ..."``,
+    which torch raises only while creating the group; see :func:`compat.unknown_backend_text`).
+    torch takes ``""`` as the default backend, which rankmesh refuses in its own words."""
+    try:
+        check_backend_name(name, field)
+    except MeshArgumentError as e:
+        if not name or "," in name:
+            raise
+        raise MeshArgumentError(
+            f"{compat.unknown_backend_text(name)}; {e}", field=e.field, value=e.value, kind=e.kind, ctx=e.ctx, fix=e.fix
+        ) from None
+
+
 def _backend_config(value: Any, field: str) -> BackendConfig:
     """One dim's override as torch takes it (a backend name, ``Backend.Options``, or a
-    ``(name, options)`` pair), as torch's ``(backend, options)`` pair."""
+    ``(name, options)`` pair), as torch's ``(backend, options)`` pair. The options of a ``fake``
+    override (``FakeProcessGroup.Options``) reach its group as torch passes them."""
     if isinstance(value, str):
-        check_backend_name(value, field)
+        _check_backend(value, field)
         return (value, None)
     if isinstance(value, _C10dOptions):
         return (None, value)
@@ -244,8 +269,11 @@ def _backend_config(value: Any, field: str) -> BackendConfig:
         and isinstance(value[0], (str, type(None)))
         and isinstance(value[1], (_C10dOptions, type(None)))
     ):
-        check_backend_name(value[0], field)
+        _check_backend(value[0], field)
         return value
+    # torch checks none of this: a malformed value fails inside its group creation (unpacking it,
+    # or reading ``_timeout``) with Python's TypeError / ValueError / AttributeError, which is no
+    # check of torch's; rankmesh's ArgumentTypeError (a TypeError) keeps its own words.
     raise ArgumentTypeError(
         f"{field} must be a backend name (e.g. 'gloo', 'fake'), a Backend.Options, or a (name, options) "
         f"pair, got {type_name(value)} {value!r}",
@@ -254,15 +282,37 @@ def _backend_config(value: Any, field: str) -> BackendConfig:
     )
 
 
+class _Given:
+    """One dim's override as the caller gave it, with the key the caller used. torch's
+    ``_normalize_backend_override`` yields such an object unchanged (it converts only ``str`` and
+    ``Backend.Options`` values), so torch itself decides which key is which dim."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: Any, value: Any) -> None:
+        self.key = key
+        self.value = value
+
+
+def _is_key(k: Any) -> bool:
+    """rankmesh's rule for a ``backend_override`` key: a name, or an int (never a bool or a float,
+    which torch's ``in`` would take for the index they equal)."""
+    return isinstance(k, str) or (not isinstance(k, bool) and hasattr(k, "__index__"))
+
+
 def _normalize_overrides(
     backend_override: Mapping[Any, Any] | None, ndim: int, names: tuple[str, ...] | None
-) -> tuple[BackendConfig, ...]:
-    """torch's ``_normalize_backend_override`` (same rules and errors), with rankmesh's classes:
-    a key that is neither a name nor an int (a bool or float would alias an index) or a value
-    that is not a backend is an :class:`ArgumentTypeError`; a key naming no dim, or a dim named
-    twice, a :class:`MeshArgumentError` (torch's ``RuntimeError``)."""
+) -> tuple[_Given | None, ...]:
+    """The keys of ``backend_override``, checked as torch checks them and in torch's order: torch's
+    own ``_normalize_backend_override`` runs first (a dim named by both its index and its name,
+    then keys that name no dim), and its ``RuntimeError`` is the start of rankmesh's error (a
+    :class:`MeshArgumentError`, or an :class:`ArgumentTypeError` where a key is neither a name nor
+    an int); then rankmesh's own rule refuses a bool or float key that torch took for an index.
+    Per dim, the value given (with its key), or None. The values are checked by
+    :func:`_backend_configs`, later, where torch checks them (creating the groups). The caller's
+    mapping is left as it is (torch's ``init_device_mesh`` empties it)."""
     if backend_override is None:
-        return (_NO_OVERRIDE,) * ndim
+        return (None,) * ndim
     if not isinstance(backend_override, Mapping):
         raise ArgumentTypeError(
             f"backend_override must be a mapping of dim (name or index) -> backend, got "
@@ -270,25 +320,39 @@ def _normalize_overrides(
             field="backend_override",
             value=backend_override,
         )
-    checked = {}
-    for k, v in backend_override.items():
-        if not isinstance(k, str):
-            if isinstance(k, bool) or not hasattr(k, "__index__"):
-                raise ArgumentTypeError(
-                    f"backend_override keys must be dim names (str) or indices (int), got {type_name(k)} {k!r}",
-                    field="backend_override",
-                    value=k,
-                )
-            k = as_int(k, "backend_override")
-        checked[k] = _backend_config(v, f"backend_override[{k!r}]")
+    given = {k: _Given(k, v) for k, v in backend_override.items()}
+    torch_error = None
     try:
-        return tuple(_normalize_backend_override(checked, ndim, names))
+        per_dim = tuple(_normalize_backend_override(dict(given), ndim, names))
     except RuntimeError as e:
+        torch_error = e
+    bad = [k for k in backend_override if not _is_key(k)]
+    if bad:
+        why = f"backend_override keys must be dim names (str) or indices (int), got {type_name(bad[0])} {bad[0]!r}"
+        raise ArgumentTypeError(
+            why if torch_error is None else f"{torch_error}; {why}", field="backend_override", value=bad[0]
+        ) from torch_error
+    if torch_error is not None:
         raise MeshArgumentError(
-            f"{e}; name each overridden dim by one of its names {list(names or ())} or its index",
+            f"{torch_error}; name each overridden dim by one of its names {list(names or ())} or its index",
             field="backend_override",
             value=backend_override,
-        ) from e
+        ) from torch_error
+    return tuple(g if isinstance(g, _Given) else None for g in per_dim)
+
+
+def _backend_configs(given: Sequence[_Given | None]) -> tuple[BackendConfig, ...]:
+    """Each dim's override (from :func:`_normalize_overrides`) as torch's ``(backend, options)``
+    pair, checked in dim order, the order in which torch creates the groups and fails on the first
+    bad one."""
+    out = []
+    for g in given:
+        if g is None:
+            out.append(_NO_OVERRIDE)
+        else:
+            key = g.key if isinstance(g.key, str) else as_int(g.key, "backend_override")
+            out.append(_backend_config(g.value, f"backend_override[{key!r}]"))
+    return tuple(out)
 
 
 class FastDeviceMesh(DeviceMesh):
@@ -554,15 +618,19 @@ class FastDeviceMesh(DeviceMesh):
 
     def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
         # torch's _flatten (inlined by torch.compile, so not overridden) passes its arguments here
-        # unchecked: a name that is not a str, an override that is no backend.
+        # unchecked: a name that is not a str, an override that is no backend. Its checks run in
+        # torch's order: the name (taken by the root, or flattened before with another layout),
+        # and only for a new flattened mesh the backend, which torch checks creating the group.
         check_str(mesh_dim_name, "mesh_dim_name")
-        backend_override = _backend_config(backend_override, "backend_override")
         root = self._get_root_mesh()
         taken = tuple(root._mesh_dim_names or ())
         if mesh_dim_name in taken:
             raise DuplicateNameError(
-                f"{mesh_dim_name!r} already exists for submesh of the {root}: the mesh_dim_names of "
-                f"the root mesh are {taken}. Please specify another mesh_dim_name for the flattened dim",
+                _torch_first(
+                    compat.torch_rejects("_create_flatten_mesh", self, mesh_dim_name, _NO_OVERRIDE),
+                    f"{mesh_dim_name} already exists for submesh of the {root}",
+                    f"the root mesh's dims are {taken}; pass another mesh_dim_name for the flattened dim",
+                ),
                 field="mesh_dim_name",
                 value=mesh_dim_name,
             )
@@ -574,13 +642,18 @@ class FastDeviceMesh(DeviceMesh):
         existing = root._flatten_mapping.get(mesh_dim_name)
         if existing is not None:
             if existing._layout == tl:
-                return
+                return  # torch's answer too, whatever the backend_override
             raise DuplicateNameError(
-                f"Flatten mesh with mesh_dim_name {mesh_dim_name!r} has been created before with a "
-                "different layout. Please specify another mesh_dim_name",
+                _torch_first(
+                    compat.torch_rejects("_create_flatten_mesh", self, mesh_dim_name, _NO_OVERRIDE),
+                    f"Flatten mesh with mesh_dim_name {mesh_dim_name} has been created before",
+                    f"{mesh_dim_name!r} already names a flattening of other dims; pass another mesh_dim_name, or "
+                    "flatten the same dims to get that mesh again",
+                ),
                 field="mesh_dim_name",
                 value=mesh_dim_name,
             )
+        backend_override = _backend_config(backend_override, "backend_override")
         group_names = self._groups_for(rm_layout, [0], [backend_override])
         flattened = FastDeviceMesh._make(
             self._rm_world, rm_layout, tl, root._device_type, (mesh_dim_name,), group_names, root
@@ -594,6 +667,11 @@ class FastDeviceMesh(DeviceMesh):
         mesh_dim_names: tuple[str, ...],
         backend_override: dict[str, Any] | None = None,
     ) -> DeviceMesh:
+        # torch's checks, in torch's order and with torch's text first (compat.torch_rejects runs
+        # torch's own _unflatten with the arguments of one check, the others neutral): the dim,
+        # the number of names, the override keys, the sizes' product, the override values.
+        # rankmesh's own checks (types, a negative dim, repeated names) come where torch would
+        # fail on them or take them.
         if not self._mesh_dim_names:
             raise MeshArgumentError(
                 "Cannot unflatten a DeviceMesh without mesh_dim_names; pass mesh_dim_names to init_device_mesh",
@@ -605,31 +683,61 @@ class FastDeviceMesh(DeviceMesh):
             if dim not in own:
                 check_str(dim, "dim")  # a name that is not UTF-8 text is the wrong type, not unknown
                 raise UnknownNameError(
-                    f"dim {dim!r} specified in `_unflatten` is not in {own}; pass one of those names or an index",
+                    _torch_first(
+                        compat.torch_rejects("_unflatten", self, dim, (), ()),
+                        f"dim {dim!r} specified in `_unflatten` is not in {own}",
+                        "pass one of those names or an index",
+                    ),
                     field="dim",
                     value=dim,
                 )
             dim = own.index(dim)
         else:
+            dim_arg = dim
             dim = as_int(dim, "dim")
             if not 0 <= dim < self.ndim:
                 raise DimOutOfRangeError(
-                    f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}; valid dims are "
-                    f"0..{self.ndim - 1} or the names {own}",
+                    _torch_first(
+                        compat.torch_rejects("_unflatten", self, dim_arg, (), ()),
+                        f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}",
+                        f"valid dims are 0..{self.ndim - 1} or the names {own}",
+                    ),
                     field="dim",
                     value=dim,
                 )
-        sizes = _sizes_tuple(mesh_sizes, "mesh_sizes")
-        names = _names_tuple(mesh_dim_names, "mesh_dim_names")
+        sizes = as_sequence(mesh_sizes, "mesh_sizes", "sizes", noun="a tuple")
+        names = as_sequence(mesh_dim_names, "mesh_dim_names", "names", noun="a tuple")
         if len(sizes) != len(names):
             raise SizeMismatchError(
-                f"mesh_dim_names must have same length as mesh_sizes in _unflatten: {len(names)} names "
-                f"{names} for {len(sizes)} sizes {sizes}",
+                _torch_first(
+                    compat.torch_rejects("_unflatten", self, dim, sizes, names),
+                    "mesh_dim_names must have same length as mesh_sizes in _unflatten",
+                    f"got {len(names)} names {names} for {len(sizes)} sizes {sizes}",
+                ),
                 field="mesh_dim_names",
                 value=names,
             )
-        overrides = _normalize_overrides(backend_override, len(sizes), names)
-        return self._create_unflatten_mesh(dim, sizes, names, overrides)
+        sizes = _sizes_tuple(sizes, "mesh_sizes")
+        names = _names_tuple(names, "mesh_dim_names")
+        given = _normalize_overrides(backend_override, len(sizes), names)
+        self._check_unflatten_sizes(dim, sizes, names)
+        return self._create_unflatten_mesh(dim, sizes, names, _backend_configs(given))
+
+    def _check_unflatten_sizes(self, dim: int, mesh_sizes: tuple[int, ...], mesh_dim_names: tuple[str, ...]) -> None:
+        size = self._layout[dim].numel()
+        prod = int(np.prod(mesh_sizes, dtype=object))
+        if prod != size:
+            neutral = (_NO_OVERRIDE,) * len(mesh_sizes)
+            raise SizeMismatchError(
+                _torch_first(
+                    compat.torch_rejects("_create_unflatten_mesh", self, dim, mesh_sizes, mesh_dim_names, neutral),
+                    f"The product of mesh_sizes={tuple(mesh_sizes)} is {prod}, but the original dimension at "
+                    f"dim={dim} has size {size}. These must be equal for unflatten to work correctly",
+                    f"pick mesh_sizes that multiply to {size}",
+                ),
+                field="mesh_sizes",
+                value=tuple(mesh_sizes),
+            )
 
     def _create_unflatten_mesh(  # type: ignore[override]
         self,
@@ -638,15 +746,7 @@ class FastDeviceMesh(DeviceMesh):
         mesh_dim_names: tuple[str, ...],
         backend_override: tuple[BackendConfig, ...] = (_NO_OVERRIDE,),
     ) -> FastDeviceMesh:
-        size = self._layout[dim].numel()
-        prod = int(np.prod(mesh_sizes, dtype=object))
-        if prod != size:
-            raise SizeMismatchError(
-                f"The product of mesh_sizes={tuple(mesh_sizes)} is {prod}, but the original dimension at "
-                f"dim={dim} has size {size}. These must be equal for unflatten to work correctly",
-                field="mesh_sizes",
-                value=tuple(mesh_sizes),
-            )
+        self._check_unflatten_sizes(dim, mesh_sizes, mesh_dim_names)
         # rankmesh's algebra first: it names the field at fault (e.g. a name that exists already).
         rm_layout = self._rm_layout.unflatten(dim, mesh_sizes, mesh_dim_names)
         new_dims = list(range(dim, dim + len(mesh_sizes)))
@@ -848,6 +948,18 @@ def init_device_mesh(
         ([[0, 1], [2, 3]], None)
         >>> dist.destroy_process_group()
     """
+    shape = _sizes_tuple(mesh_shape, "mesh_shape")
+    if not shape:
+        raise SizeMismatchError("mesh_shape must have at least one dim", field="mesh_shape", value=mesh_shape)
+    names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
+    if names is not None and len(names) != len(shape):
+        raise SizeMismatchError(
+            "mesh_shape and mesh_dim_names should have same length! Found "
+            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
+            field="mesh_dim_names",
+            value=names,
+        )
+    given = _normalize_overrides(backend_override, len(shape), names)  # torch: the keys before the device
     if not isinstance(device_type, str):
         raise ArgumentTypeError(
             f"device_type must be a str such as 'cuda' or 'cpu', got {type_name(device_type)} {device_type!r}",
@@ -861,18 +973,7 @@ def init_device_mesh(
             field="device_type",
             value=device_type,
         )
-    shape = _sizes_tuple(mesh_shape, "mesh_shape")
-    if not shape:
-        raise SizeMismatchError("mesh_shape must have at least one dim", field="mesh_shape", value=mesh_shape)
-    names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
-    if names is not None and len(names) != len(shape):
-        raise SizeMismatchError(
-            "mesh_shape and mesh_dim_names should have same length! Found "
-            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
-            field="mesh_dim_names",
-            value=names,
-        )
-    overrides = _normalize_overrides(backend_override, len(shape), names)
+    overrides = _backend_configs(given)  # torch: the backends when it creates the groups
     size_one_fake = as_bool(size_one_fake, "size_one_fake")
 
     if not dist.is_initialized():

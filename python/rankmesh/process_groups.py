@@ -278,9 +278,10 @@ class MeshBuilder:
         members' steps, so every rank must make the call).
 
         ``fake=True`` (or a dim of size 1, unless the builder has ``size_one_fake=False``) gives
-        a group on the ``fake`` backend, which never communicates. ``backend`` / ``pg_options``
-        override the backend as torch's ``backend_override`` does. A world-sized dim without an
-        override gives the default group.
+        a group on the ``fake`` backend, which never communicates, without options. ``backend`` /
+        ``pg_options`` override the backend as torch's ``backend_override`` does; with
+        ``backend="fake"`` the options (``FakeProcessGroup.Options``) and timeout are kept, as
+        torch keeps them. A world-sized dim without an override gives the default group.
         Otherwise the group is created once per distinct partition of the world (keyed on the
         dim's modes, backend, options, ``timeout`` and ``tag``) and shared by every later dim with
         the same key. A ``tag`` asks for a communicator of its own even when another dim has the
@@ -312,7 +313,9 @@ class MeshBuilder:
             tag=tag,
             mesh_dim_name=mesh_dim_name,
         )
-        if is_fake(key):
+        if is_fake(key) and backend != FAKE:
+            # fake by rankmesh's rule (``fake=True``, size 1): no options meant for another backend.
+            # A ``fake`` override's options and timeout reach the group as torch passes them.
             backend, pg_options, timeout = FAKE, None, None
         pg = self._existing(key)
         if pg is not _NOT_YET:
