@@ -20,10 +20,12 @@ workload trains, ``step`` (forward, backward, optimizer step).
 - :func:`compile_block`: ``torch.compile`` of a tensor-parallel block (``aot_eager``: no C++
   toolchain needed); dynamo guards on the mesh.
 - meshes over part of the world: :func:`distill` (knowledge distillation: students and teachers
-  on the two halves, each (dp, tp) with FSDP2 + TP on its own model), :func:`rl_split` (an actor
-  training mesh on the first quarter, rollout tensor-parallel groups on the rest) and
-  :func:`ep_per_stage` (one expert-parallel mesh per pipeline stage); stock torch builds these
-  with ``init_device_mesh`` over the first ranks or ``DeviceMesh(mesh=subset)``.
+  on the two halves, each (dp_replicate, fsdp, tp) with FSDP2 + TP on its own model),
+  :func:`rl_split` (an actor training mesh on the first quarter, rollout tensor-parallel groups
+  on the rest) and :func:`ep_per_stage` (one expert-parallel mesh per pipeline stage); stock torch
+  builds these with ``init_device_mesh`` over the first ranks or ``DeviceMesh(mesh=subset)``.
+  Their shard groups have a fixed size (HSDP), as :func:`fsdp_tp`'s: FSDP2 itself makes one empty
+  tensor per shard rank per parameter, a cost of the shard group's size, not of the mesh.
 - torchtitan 0.3.0's own parallelisation (:mod:`rankmesh._titan_workloads`): Llama3 8B's shape
   for every ``spmd_backend``, a MoE model with ep > 1, and the pipeline split with pp > 1.
 
@@ -274,21 +276,31 @@ def subset_mesh(impl: str, shape: tuple[int, ...], names: tuple[str, ...], ranks
 
 
 def distill(
-    impl: str, world: int, *, rank: int | None = None, tp: int = 8, blocks: int = 16, dim: int = 256, hidden: int = 1024
+    impl: str,
+    world: int,
+    *,
+    rank: int | None = None,
+    tp: int = 8,
+    fsdp: int = 128,
+    blocks: int = 16,
+    dim: int = 256,
+    hidden: int = 1024,
 ) -> Run:
     """(g) Knowledge distillation with separate meshes: students on ranks ``[0, W/2)`` and teachers
-    on ``[W/2, W)``, each a ``(dp, tp)`` mesh; every rank builds both (SPMD) and parallelises its own
-    model (FSDP2 + TP, meta device) on the one it belongs to."""
+    on ``[W/2, W)``, each a ``(dp_replicate, fsdp, tp)`` mesh (HSDP: the shard group stays ``fsdp``
+    ranks as the job grows, as in :func:`fsdp_tp`); every rank builds both (SPMD) and parallelises
+    its own model (FSDP2 + TP, meta device) on the one it belongs to."""
     import torch
 
     run = Run()
     half = world // 2
+    shape, names = (half // (fsdp * tp), fsdp, tp), ("dp_replicate", "fsdp", "tp")
     with _fake_world(world, rank):
         with run.phase("mesh"):
-            students = subset_mesh(impl, (half // tp, tp), ("dp", "tp"), range(0, half))
-            teachers = subset_mesh(impl, (half // tp, tp), ("dp", "tp"), range(half, world))
+            students = subset_mesh(impl, shape, names, range(0, half))
+            teachers = subset_mesh(impl, shape, names, range(half, world))
             mine = students if students.get_coordinate() is not None else teachers
-            run.meshes.update(students=students, teachers=teachers, tp=mine["tp"], dp=mine["dp"])
+            run.meshes.update(students=students, teachers=teachers, tp=mine["tp"], dp=mine["dp_replicate", "fsdp"])
         with run.phase("parallelise"):
             with torch.device("meta"):
                 run.model = _blocks(blocks, dim, hidden)
@@ -298,11 +310,19 @@ def distill(
 
 
 def rl_split(
-    impl: str, world: int, *, rank: int | None = None, tp: int = 8, blocks: int = 16, dim: int = 256, hidden: int = 1024
+    impl: str,
+    world: int,
+    *,
+    rank: int | None = None,
+    tp: int = 8,
+    fsdp: int = 128,
+    blocks: int = 16,
+    dim: int = 256,
+    hidden: int = 1024,
 ) -> Run:
-    """(h) An RL split: the actor trains on ranks ``[0, W/4)`` as ``(fsdp, tp)`` (FSDP2 + TP), the
-    rollout workers on ``[W/4, W)`` as ``(replica, tp)`` tensor-parallel inference engines (TP
-    only); every rank builds both meshes."""
+    """(h) An RL split: the actor trains on ranks ``[0, W/4)`` as ``(dp_replicate, fsdp, tp)``
+    (FSDP2 + TP, HSDP), the rollout workers on ``[W/4, W)`` as ``(replica, tp)`` tensor-parallel
+    inference engines (TP only); every rank builds both meshes."""
     import torch
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -310,13 +330,15 @@ def rl_split(
     actor_n = world // 4
     with _fake_world(world, rank):
         with run.phase("mesh"):
-            actor = subset_mesh(impl, (actor_n // tp, tp), ("fsdp", "tp"), range(0, actor_n))
+            actor = subset_mesh(
+                impl, (actor_n // (fsdp * tp), fsdp, tp), ("dp_replicate", "fsdp", "tp"), range(0, actor_n)
+            )
             rollout = subset_mesh(impl, ((world - actor_n) // tp, tp), ("replica", "tp"), range(actor_n, world))
             training = actor.get_coordinate() is not None
             mine = actor if training else rollout
             run.meshes.update(actor=actor, rollout=rollout, tp=mine["tp"])
             if training:
-                run.meshes["dp"] = actor["fsdp"]
+                run.meshes["dp"] = actor["dp_replicate", "fsdp"]
         with run.phase("parallelise"):
             with torch.device("meta"):
                 run.model = _blocks(blocks, dim, hidden)
@@ -330,22 +352,30 @@ def rl_split(
 
 
 def ep_per_stage(
-    impl: str, world: int, *, rank: int | None = None, pp: int = 4, ep: int = 8, blocks: int = 16, dim: int = 256
+    impl: str,
+    world: int,
+    *,
+    rank: int | None = None,
+    pp: int = 4,
+    ep: int = 8,
+    edp: int = 128,
+    blocks: int = 16,
+    dim: int = 256,
 ) -> Run:
     """(i) One expert-parallel mesh per pipeline stage (NeMo Automodel's MoE with pp > 1): stage
-    ``s`` holds ranks ``[s W/pp, (s+1) W/pp)`` as ``(edp, ep)``; every rank builds every stage's
-    mesh, then shards its stage's blocks over ``ep`` (tensor-parallel experts) and ``edp`` (FSDP2)."""
+    ``s`` holds ranks ``[s W/pp, (s+1) W/pp)`` as ``(edp_replicate, edp, ep)``; every rank builds
+    every stage's mesh, then shards its stage's blocks over ``ep`` (tensor-parallel experts) and
+    ``(edp_replicate, edp)`` (FSDP2, HSDP)."""
     import torch
 
     run = Run()
     per = world // pp
+    shape, names = (per // (edp * ep), edp, ep), ("edp_replicate", "edp", "ep")
     with _fake_world(world, rank):
         with run.phase("mesh"):
-            stages = [
-                subset_mesh(impl, (per // ep, ep), ("edp", "ep"), range(s * per, (s + 1) * per)) for s in range(pp)
-            ]
+            stages = [subset_mesh(impl, shape, names, range(s * per, (s + 1) * per)) for s in range(pp)]
             mine = next(m for m in stages if m.get_coordinate() is not None)
-            run.meshes.update(ep=mine["ep"], edp=mine["edp"], stages=stages)
+            run.meshes.update(ep=mine["ep"], edp=mine["edp_replicate", "edp"], stages=stages)
         with run.phase("parallelise"):
             with torch.device("meta"):
                 run.model = _blocks(blocks, dim, 4 * dim)
@@ -379,4 +409,4 @@ WORKLOADS: dict[str, Callable[..., Run]] = {
     "ep_per_stage": ep_per_stage,
 }
 #: name -> the smallest world it runs at with its default degrees (tp 8 x fsdp 256)
-MIN_WORLD: dict[str, int] = {name: 8 * 256 for name in WORKLOADS}
+MIN_WORLD: dict[str, int] = {name: 8 * 256 for name in WORKLOADS} | {"rl_split": 4096, "ep_per_stage": 4096}
