@@ -879,7 +879,6 @@ fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout
     .map(PyMeshLayout::wrap)
 }
 
-/// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
 /// Writes `v` in decimal at the end of `buf`; returns where the digits start.
 fn decimal(v: u64, buf: &mut [u8; 24]) -> usize {
     let (mut i, mut v) = (buf.len(), v);
@@ -931,6 +930,7 @@ fn hashed_group_name(
     })
 }
 
+/// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
 #[pyfunction]
 fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
     guarded(py, || -> Result<(), LayoutError> {

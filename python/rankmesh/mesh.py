@@ -360,7 +360,7 @@ class FastDeviceMesh(DeviceMesh):
 
     Made by :func:`rankmesh.init_device_mesh` (and everything derived from it:
     ``mesh[names]``, ``mesh._flatten(name)``, ``mesh._unflatten(dim, sizes, names)``) and by
-    :meth:`rankmesh.MeshBuilder.device_mesh`. Never construct it directly.
+    :meth:`FastDeviceMesh.from_layout` and :func:`rankmesh.from_group`. Never construct it directly.
 
     Every public and semi-public attribute equals what torch builds for the same recipe: ``mesh``,
     ``shape``, ``ndim``, ``size()``, ``mesh_dim_names``, ``get_group``, ``get_coordinate``,

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,8 +68,6 @@ __all__ = [
     "group_layout",
     "require_default_group",
 ]
-
-logger = logging.getLogger("rankmesh")
 
 _NOT_YET = object()  # MeshBuilder._existing: no group for this key yet
 

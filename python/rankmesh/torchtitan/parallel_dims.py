@@ -66,8 +66,6 @@ __all__ = ["ParallelDims"]
 
 logger = logging.getLogger("rankmesh")
 
-
-
 #: The device type ``build_mesh()`` uses when none is passed, as torchtitan's module-level
 #: ``device_type`` (torchtitan's own tests patch ``<module>.device_type``; so can yours).
 device_type: str = "cuda" if torch.cuda.is_available() else "cpu"
