@@ -397,3 +397,29 @@ def test_rankmesh_answers_what_torch_answers(data):
                 r_o, e_o = outcome(lambda: ours._unflatten(dim, sizes, new, backend_override=mine))
                 assert mine == uo
                 assert_same_answer(("_unflatten", dim, sizes, new, uo), r_t, e_t, r_o, e_o)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(device_type="cuda:0", mesh_shape=(2, 4), mesh_dim_names=("a", "b")),
+        dict(device_type="cpu", mesh_shape=(2, 4), mesh_dim_names=("a", "a")),
+        dict(device_type="cpu", mesh_shape=(2, 4), mesh_dim_names=("a",)),
+        dict(device_type="cpu", mesh_shape=(2, 2, 2), mesh_dim_names=("a", "b", "a")),
+    ],
+    ids=["device-index", "repeated-name", "too-few-names", "repeated-of-three"],
+)
+def test_init_device_mesh_checks_start_with_torchs_text(kwargs):
+    """init_device_mesh's own argument checks: torch's class and text first (taken by running torch's
+    init_device_mesh up to the point where it would build), and torch's module is left as it was."""
+    import torch.distributed.device_mesh as dm
+
+    before = (dm.DeviceMesh, dm._MeshLayout)
+    with fake_world(W, 0):
+        with pytest.raises(Exception) as theirs:
+            torch_init_device_mesh(**kwargs)
+        with pytest.raises(Exception) as ours:
+            init_device_mesh(**kwargs)
+    assert isinstance(ours.value, type(theirs.value)), (type(ours.value), type(theirs.value))
+    assert str(ours.value).startswith(str(theirs.value)), (str(ours.value), str(theirs.value))
+    assert (dm.DeviceMesh, dm._MeshLayout) == before

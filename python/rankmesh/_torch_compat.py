@@ -50,6 +50,7 @@ Private torch state is read in two modules only, each with a start-up check
 from __future__ import annotations
 
 import re
+import threading
 import warnings
 
 import torch
@@ -76,6 +77,7 @@ __all__ = [
     "eq_fields",
     "flat_layout",
     "normalize_backend_override",
+    "torch_init_rejects",
     "torch_rejects",
     "unknown_backend_text",
     "fast_meshes_available",
@@ -203,6 +205,44 @@ def torch_rejects(method: str, mesh: DeviceMesh, *args) -> Exception | None:
         return None
     except Exception as e:  # torch's own check
         return e
+    return None
+
+
+class _Stop:
+    """Stands in for ``DeviceMesh`` and ``_MeshLayout`` inside torch's ``init_device_mesh`` while
+    :func:`torch_init_rejects` runs it: the first use means torch's checks have passed."""
+
+    def __getattr__(self, name: str):
+        raise _WouldBuild(name)
+
+    def __call__(self, *args, **kwargs):
+        raise _WouldBuild("DeviceMesh")
+
+
+_init_lock = threading.Lock()
+
+
+def torch_init_rejects(device_type: str, mesh_shape: tuple[int, ...], mesh_dim_names) -> Exception | None:
+    """What torch's own ``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)`` raises, or
+    None where its argument checks pass (the names unique, as many as the dims, a device type
+    without an index). torch has no separate function for them, so its ``init_device_mesh`` runs
+    with the module's ``_MeshLayout`` and ``DeviceMesh`` replaced by stand-ins that stop the call
+    at the first step that would build something (no layout, no rank map, no process group).
+    Called only where rankmesh's own check has already failed, so that rankmesh's error starts
+    with torch's text for the torch running."""
+    import torch.distributed.device_mesh as dm
+
+    with _init_lock:
+        saved = {k: dm.__dict__[k] for k in ("_MeshLayout", "DeviceMesh")}
+        dm.__dict__.update(_MeshLayout=_Stop(), DeviceMesh=_Stop())
+        try:
+            dm.init_device_mesh(device_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
+        except _WouldBuild:
+            return None
+        except Exception as e:  # torch's own check
+            return e
+        finally:
+            dm.__dict__.update(saved)
     return None
 
 

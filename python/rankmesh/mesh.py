@@ -951,11 +951,31 @@ def init_device_mesh(
     shape = _sizes_tuple(mesh_shape, "mesh_shape")
     if not shape:
         raise SizeMismatchError("mesh_shape must have at least one dim", field="mesh_shape", value=mesh_shape)
-    names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
+    names = None
+    if mesh_dim_names is not None:
+        try:
+            names = _names_tuple(mesh_dim_names, "mesh_dim_names")
+        except DuplicateNameError:
+            given = tuple(mesh_dim_names)
+            twice = next(n for n in given if given.count(n) > 1)
+            raise DuplicateNameError(
+                _torch_first(
+                    compat.torch_init_rejects("cpu", shape, given),
+                    f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {twice!r} in mesh_dim_names "
+                    f"{given}",
+                    "rename one of them",
+                ),
+                field="mesh_dim_names",
+                value=given,
+            ) from None
     if names is not None and len(names) != len(shape):
         raise SizeMismatchError(
-            "mesh_shape and mesh_dim_names should have same length! Found "
-            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
+            _torch_first(
+                compat.torch_init_rejects("cpu", shape, names),
+                "mesh_shape and mesh_dim_names should have same length! Found "
+                f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
+                "give one name per dim",
+            ),
             field="mesh_dim_names",
             value=names,
         )
@@ -968,8 +988,11 @@ def init_device_mesh(
         )
     if device_type and not device_type.isalpha():
         raise MeshArgumentError(
-            f"Device type with index is not supported but got {device_type!r}; pass the type only, "
-            "e.g. 'cuda' (torch.device(...).type)",
+            _torch_first(
+                compat.torch_init_rejects(device_type, shape, names),
+                f"Device type with index is not supported but got {device_type!r}",
+                "pass the type only, e.g. 'cuda' (torch.device(...).type)",
+            ),
             field="device_type",
             value=device_type,
         )
