@@ -137,6 +137,7 @@ PRIVATE_ELSEWHERE = {
         "from torch.distributed.tensor import _collective_utils",
         "from torch.distributed.tensor import _redistribute",
         "from torch.distributed.tensor.debug import _clear_sharding_prop_cache",
+        "getattr(_redistribute, '_planner_cache')",
     },
 }
 _C10D = ("c10d", "distributed_c10d", "_world", "_C", "_distributed_c10d", "_mesh_layout")
@@ -151,9 +152,22 @@ def _dotted(node: ast.AST) -> str:
 
 
 def private_torch_uses(tree: ast.AST) -> list[str]:
-    """Imports of torch's private names or modules, and ``<c10d>._x`` reads, in one module."""
+    """Imports of torch's private names or modules, ``<c10d>._x`` reads, and private names read
+    through a string (``getattr(x, "_x")``, ``hasattr``, ``setattr``, ``delattr``: the names no
+    attribute check sees), in one module. rankmesh's own objects never need the string form."""
     found = []
     for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and node.args[1].value.startswith("_")
+            and not node.args[1].value.startswith("__")
+        ):
+            found.append(f"{node.func.id}({_dotted(node.args[0])}, {node.args[1].value!r})")
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
             if node.module.startswith("torch.testing._internal"):  # the fake backend's test helpers
                 continue
@@ -184,13 +198,18 @@ def test_the_private_use_check_finds_them():
         "x = dist.distributed_c10d._resolve_process_group('g')\n"
         "n = c10d._world.group_count\n"
         "ok = dist.get_rank()\n"
+        "t = getattr(opts, '_timeout', None)\n"
+        "fine = getattr(opts, '__doc__', None)\n"
     )
-    assert private_torch_uses(ast.parse(src)) == [
-        "from torch.distributed.distributed_c10d import _world",
-        "from torch.distributed._mesh_layout import MeshThing",
-        "dist.distributed_c10d._resolve_process_group",
-        "c10d._world",
-    ]
+    assert sorted(private_torch_uses(ast.parse(src))) == sorted(
+        [
+            "from torch.distributed.distributed_c10d import _world",
+            "from torch.distributed._mesh_layout import MeshThing",
+            "dist.distributed_c10d._resolve_process_group",
+            "c10d._world",
+            "getattr(opts, '_timeout')",
+        ]
+    )
 
 
 def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start_up():

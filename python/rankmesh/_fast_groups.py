@@ -61,6 +61,9 @@ from rankmesh._native import hashed_group_name
 __all__ = [
     "SCHEME",
     "SPLIT_SHAPE",
+    "ensure_backend_registered",
+    "group_device_types",
+    "options_timeout",
     "group_count",
     "init_fake_world",
     "narrowed_parent_ranks",
@@ -323,6 +326,27 @@ SPLIT_SHAPE: str | None = _split_shape()
 def group_count() -> int:
     """torch's per-rank group counter (``_world.group_count``)."""
     return c10d._world.group_count
+
+
+def group_device_types(pg) -> set[str]:
+    """The device types a process group has backends for (c10d's private ``_device_types``; empty
+    where this torch has no such attribute)."""
+    return {d.type for d in getattr(pg, "_device_types", [])}
+
+
+def options_timeout(pg_options):
+    """The timeout carried by a ``Backend.Options`` (c10d's private ``_timeout``, which torch's
+    DeviceMesh passes on as the group's timeout), or None."""
+    return getattr(pg_options, "_timeout", None)
+
+
+def ensure_backend_registered(name: str) -> None:
+    """Let torch load a backend plugin registered through entry points (``Backend.
+    _ensure_backend_registered``, torch >= 2.14; nothing on older torch). Errors are the caller's
+    to judge: it checks ``Backend.backend_list`` afterwards."""
+    ensure = getattr(dist.Backend, "_ensure_backend_registered", None)
+    if ensure is not None:
+        ensure(name)
 
 
 def register_fake_backend() -> None:

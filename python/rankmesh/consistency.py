@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rankmesh._check import as_timeout, as_u64, type_name
+from rankmesh._fast_groups import group_device_types
 from rankmesh.errors import ArgumentTypeError, ConfigMismatchError, ConsistencyTimeoutError
 from rankmesh.process_groups import require_default_group
 
@@ -33,7 +34,7 @@ def _from_i64(v: int) -> int:
 
 
 def _collective_device(pg: dist.ProcessGroup) -> torch.device:
-    device_types = {d.type for d in getattr(pg, "_device_types", [])}
+    device_types = group_device_types(pg)
     if not device_types or "cpu" in device_types:
         return torch.device("cpu")
     bound = getattr(pg, "bound_device_id", None)

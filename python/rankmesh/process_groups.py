@@ -51,7 +51,14 @@ import torch
 import torch.distributed as dist
 
 from rankmesh._check import as_bool, as_int, as_layout, as_rank, as_sequence, as_timeout, check_str, type_name
-from rankmesh._fast_groups import new_member_group, register_fake_backend, split_member_group, split_non_member
+from rankmesh._fast_groups import (
+    ensure_backend_registered,
+    new_member_group,
+    options_timeout,
+    register_fake_backend,
+    split_member_group,
+    split_non_member,
+)
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
@@ -465,7 +472,7 @@ class MeshBuilder:
         allow it)."""
         c = self._counters
         if timeout is None:
-            timeout = getattr(pg_options, "_timeout", None)
+            timeout = options_timeout(pg_options)
         split = self._split and backend != FAKE and (backend is None or backend == self._backend)
         if ranks is None:
             # This rank is in none of the partition's groups. torch names hashed groups with a
@@ -578,12 +585,10 @@ def check_backend_name(name: str | None, field: str) -> None:
     ``None`` and the ``"device:backend,..."`` form are left to torch."""
     if name is None or ":" in name or name == FAKE or name.lower() in dist.Backend.backend_list:
         return
-    ensure = getattr(dist.Backend, "_ensure_backend_registered", None)  # plugins (entry points), torch >= 2.14
-    if ensure is not None:
-        with contextlib.suppress(Exception):
-            ensure(name)
-        if name.lower() in dist.Backend.backend_list:
-            return
+    with contextlib.suppress(Exception):  # plugins registered through entry points (torch >= 2.14)
+        ensure_backend_registered(name)
+    if name.lower() in dist.Backend.backend_list:
+        return
     raise MeshArgumentError(
         f"{field} {name!r} is not a torch.distributed backend (known: {', '.join(dist.Backend.backend_list)}); "
         "fix the name, or register the backend with torch.distributed.Backend.register_backend first",
