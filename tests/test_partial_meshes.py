@@ -176,7 +176,7 @@ def test_non_members_keep_torchs_group_names_in_step(recipe):
                 m = init_device_mesh("cpu", shape, mesh_dim_names=NAMES[: len(shape)], ranks=ranks)
             if type(m) is not FastDeviceMesh:
                 # torch's own mesh over an arbitrary subset: torch 2.13 itself salts later names with
-                # a count non-members do not advance (README, Known gaps); not rankmesh's steps
+                # a count non-members do not advance (docs/known_gaps.md); not rankmesh's steps
                 return
             m[NAMES[0]]._flatten("f0")
             if len(shape) > 1:

@@ -99,7 +99,7 @@ def test_nothing_world_sized_is_built_at_2_20_ranks(name, count_plain_meshes):
     from rankmesh.torchtitan import spmd_axis
 
     if name.endswith("_spmd_types") and _torch_compat.TORCH_VERSION < (2, 14):
-        pytest.skip("torchtitan 0.3.0's spmd_types refuses the model on torch 2.13, stock too (README: Known gaps)")
+        pytest.skip("torchtitan 0.3.0's spmd_types refuses the model on torch 2.13, stock too (docs/known_gaps.md)")
     fallbacks = spmd_axis.COUNTS["fallback"]
     run = tw.WORKLOADS[name]("rankmesh", BIG, rank=BIG // 2 + 3)
     assert RANK_MAP_MATERIALISATIONS == before

@@ -167,8 +167,8 @@ def check_later(state: dict) -> dict:
     assert t.item() == dist.get_world_size()
     if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 15):
         # torch 2.13 salts member-only names with the groups this rank registered, which torch's own
-        # subset meshes built above (the oracle) leave different on members and non-members (README,
-        # Known gaps); the plain group above is the one that must meet there.
+        # subset meshes built above (the oracle) leave different on members and non-members
+        # (docs/known_gaps.md); the plain group above is the one that must meet there.
         return {"name": pg.group_name}
     local = dist.new_group(list(range(dist.get_world_size())), use_local_synchronization=True)
     dist.all_reduce(t, group=local)
