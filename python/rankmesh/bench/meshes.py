@@ -314,16 +314,22 @@ def _run_worker(args: list[str]) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def machine() -> str:
+    """The measuring machine as plot titles name it, e.g. ``"2-CPU x86_64 Linux"``."""
+    import platform
+
+    return f"{os.cpu_count()}-CPU {platform.machine()} {platform.system()}"
+
+
 def results_dir(out: Path | None) -> Path:
-    """Where results go: ``out``, else ``benches/results`` of the rankmesh repository this runs
-    from (the source tree of an editable install, or the current directory when it is the
-    repository and rankmesh is installed from its wheel), else ``./bench-results``; created."""
+    """Where results go: ``out``, else ``benches/results`` when the working directory is the
+    rankmesh repository, else ``./bench-results``; created. Never a folder found from where the
+    package is installed."""
     if out is None:
         out = Path("bench-results")
-        for repo in (Path(__file__).resolve().parents[3], Path.cwd()):
-            if (repo / "benches").is_dir() and (repo / "Cargo.toml").is_file():
-                out = repo / "benches" / "results"
-                break
+        repo = Path.cwd()
+        if (repo / "benches").is_dir() and (repo / "Cargo.toml").is_file():
+            out = repo / "benches" / "results"
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -583,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n"
     )
     if set(IMPLS) <= set(impls):
-        plot(rows, out / f"{stem}.png", f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, 2-core CPU")
+        plot(rows, out / f"{stem}.png", f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, {machine()}")
     print(f"results written to {out}", file=sys.stderr)
     return 0
 

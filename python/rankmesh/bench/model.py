@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankmesh.bench.meshes import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, parse_worlds, results_dir
+from rankmesh.bench.meshes import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, machine, parse_worlds, results_dir
 
 IMPLS = ("torch", "rankmesh")
 DEFAULT_WORLDS = "12,17,20"
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         + table
         + "\n"
     )
-    plot(rows, out / f"{stem}.png", f"torch {tv}: time to a parallelised model, one rank, 2-core CPU")
+    plot(rows, out / f"{stem}.png", f"torch {tv}: time to a parallelised model, one rank, {machine()}")
     print(f"results written to {out}", file=sys.stderr)
     return 0
 
