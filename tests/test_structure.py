@@ -242,3 +242,59 @@ def test_the_fake_backend_is_registered_in_one_place():
         if any("fake_pg" in m for m in mods):
             found[name] = sorted(m for m in mods if "fake_pg" in m)
     assert set(found) == {"rankmesh._fast_groups"}, found
+
+
+# -- error kinds: one table (rankmesh.errors.ERROR_KINDS) --------------------------------------------
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def error_kinds_used(tree: ast.AST) -> list[tuple[str, tuple[str, ...] | None]]:
+    """``(kind, ctx keys)`` of every error built with a literal ``kind=`` (``None`` for the keys when
+    ``ctx`` is not a dict literal); an error class or a helper named ``_..._error``."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _call_name(node)
+        if not (name.endswith("Error") or name.endswith("_error")):
+            continue
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        kind = kw.get("kind")
+        if not (isinstance(kind, ast.Constant) and isinstance(kind.value, str)):
+            continue
+        ctx = kw.get("ctx")
+        if ctx is None:
+            keys: tuple[str, ...] | None = ()
+        elif isinstance(ctx, ast.Dict) and all(isinstance(k, ast.Constant) for k in ctx.keys):
+            keys = tuple(sorted(k.value for k in ctx.keys))
+        else:
+            keys = None
+        found.append((kind.value, keys))
+    return found
+
+
+def test_every_error_kind_is_in_the_table_with_its_ctx_keys():
+    from rankmesh.errors import ERROR_KINDS
+
+    seen = set()
+    wrong = {}
+    for name, path in _modules().items():
+        for kind, keys in error_kinds_used(ast.parse(path.read_text(), str(path))):
+            seen.add(kind)
+            if kind not in ERROR_KINDS or keys != tuple(sorted(ERROR_KINDS[kind])):
+                wrong.setdefault(name, []).append((kind, keys))
+    assert not wrong, f"kinds missing from rankmesh.errors.ERROR_KINDS or with other ctx keys: {wrong}"
+    assert not set(ERROR_KINDS) - seen, f"kinds in the table that nothing raises: {set(ERROR_KINDS) - seen}"
+
+
+def test_the_error_kind_check_finds_them():
+    src = (
+        "raise SizeMismatchError('x', field='w', value=1, kind='world_not_divisible', ctx={'divisor': 2})\n"
+        "raise _mesh_error(MeshArgumentError, 's', 'why', 'fix', kind='meshes_overlap')\n"
+        "np.argsort(a, kind='stable')\n"
+    )
+    assert error_kinds_used(ast.parse(src)) == [("world_not_divisible", ("divisor",)), ("meshes_overlap", ())]

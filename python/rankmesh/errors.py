@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = [
+__all__ = [  # the error classes (the table of kinds, ERROR_KINDS, is read as rankmesh.errors.ERROR_KINDS)
     "RankmeshError",
     "InvalidSizeError",
     "SizeMismatchError",
@@ -73,6 +73,32 @@ __all__ = [
     "GroupExistsError",
     "GroupNotCreatedError",
 ]
+
+
+#: Every finer ``kind`` an error may carry (beyond its class's own, e.g. ``"size_mismatch"``), with
+#: the keys of its ``ctx``, in the spirit of pydantic-core's ``ErrorType``: code that tells faults
+#: apart reads ``e.kind`` and ``e.ctx[...]`` and can rely on these. ``tests/test_structure.py`` checks
+#: that every ``kind=`` in the package is here and passes exactly these ``ctx`` keys.
+ERROR_KINDS: dict[str, tuple[str, ...]] = {
+    # a degree or size below 1 (tp=0, --tp -3); the field names it
+    "degree_not_positive": (),
+    # the degrees multiply to another number than the world size
+    "degrees_do_not_fill_world": ("product",),
+    # the world size is no multiple of what the degrees need
+    "world_not_divisible": ("world_size", "divisor"),
+    # dp_shard=-1 has nothing left to take
+    "no_rank_left": ("world_size", "others"),
+    # torchtitan's etp must be tp or 1
+    "etp_not_tp_or_1": ("tp", "ep"),
+    # the MoE mesh (efsdp x ep x etp) does not divide the sparse ranks
+    "moe_mesh_does_not_divide": ("etp", "sparse_ranks"),
+    # a Megatron order string that leaves out a dim of size > 1
+    "order_misses_dim": ("dim", "size", "works"),
+    # a rankmesh plan flag the chosen convention does not take
+    "not_for_convention": ("convention",),
+    # rankmesh plan --mesh: two meshes of one job share ranks
+    "meshes_overlap": (),
+}
 
 
 class RankmeshError(ValueError):

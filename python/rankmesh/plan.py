@@ -638,7 +638,7 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
             raise _mesh_error(
                 MeshArgumentError, spec,
                 f"it shares rank {shared} with mesh {other.spec!r} ({other.span()}); the meshes of a job are disjoint",
-                fix, "meshes_overlap",
+                fix, kind="meshes_overlap",
             )  # fmt: skip
         layout = MeshLayout.placed(world, ranks.start, [(len(ranks), ranks.step)])
         if dims:

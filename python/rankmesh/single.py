@@ -163,6 +163,7 @@ def single_mesh(
                 field="dp_shard",
                 value=-1,
                 kind="world_not_divisible",
+                ctx={"world_size": world_size, "divisor": others},
                 fix="make {world_size} a multiple of pp*dp_replicate*ep*tp, or change the degrees",
             )
         deg["dp_shard"] = world_size // others
@@ -174,6 +175,7 @@ def single_mesh(
             field="world_size",
             value=world_size,
             kind="degrees_do_not_fill_world",
+            ctx={"product": total},
             fix="pass {dp_shard=-1} to fill the rest, or make the degrees multiply to {world_size}",
         )
     keep_shard = deg["tp"] > 1 or deg["ep"] > 1

@@ -978,7 +978,7 @@ def model_parallel_layout(
             field="world_size",
             value=world_size,
             kind="world_not_divisible",
-            ctx={"model_parallel": model},
+            ctx={"world_size": world_size, "divisor": model},
             fix=_WORLD_FIX,
         )
     dp = world_size // model
@@ -1018,7 +1018,7 @@ def model_parallel_layout(
                 field="world_size",
                 value=world_size,
                 kind="world_not_divisible",
-                ctx={"expert_model_parallel": expert_model},
+                ctx={"world_size": world_size, "divisor": expert_model},
                 fix=_WORLD_FIX,
             )
         edp = world_size // expert_model
