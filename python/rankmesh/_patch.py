@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Patch", "disabled", "source_hash"]
+__all__ = ["Patch", "body_unknown", "disabled", "source_hash"]
 
 _lock = threading.RLock()
 _warned: set[tuple[str, str]] = set()
@@ -30,6 +30,16 @@ def source_hash(fn: Any) -> str:
     src = inspect.getsource(fn)
     text = "\n".join(line.strip() for line in src.splitlines() if line.strip())
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def body_unknown(what: str, fn: Any, known: Any) -> str | None:
+    """Why ``fn``'s body is not one rankmesh has read (its :func:`source_hash` not in ``known``),
+    or None when it is; ``what`` names it in the reason."""
+    try:
+        digest = source_hash(fn)
+    except (OSError, TypeError):
+        return f"the source of {what} is not available"
+    return None if digest in known else f"{what} has a body rankmesh does not know (hash {digest})"
 
 
 def disabled(name: str) -> bool:

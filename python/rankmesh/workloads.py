@@ -162,6 +162,18 @@ def _tp_fsdp(model: Any, tp_mesh: Any, dp_mesh: Any) -> None:
     fully_shard(model, mesh=dp_mesh)
 
 
+def _parallelise_on_meta(run: Run, blocks: int, dim: int, hidden: int, tp_mesh: Any, dp_mesh: Any) -> None:
+    """The ``parallelise`` phase of the FSDP2 + TP workloads: ``blocks`` blocks on the meta device,
+    tensor parallel on ``tp_mesh``, FSDP2 on ``dp_mesh``; then the parameters' placements."""
+    import torch
+
+    with run.phase("parallelise"):
+        with torch.device("meta"):
+            run.model = _blocks(blocks, dim, hidden)
+        _tp_fsdp(run.model, tp_mesh, dp_mesh)
+    run.extra["placements"] = param_placements(run.model)
+
+
 def _blocks(n: int, dim: int, hidden: int) -> Any:
     import torch.nn as nn
 
@@ -183,16 +195,10 @@ def fsdp_tp(
 
     ``rank``: make a fake world for that rank first (and destroy it after); None: use the
     caller's default group."""
-    import torch
-
     run = Run()
     with _fake_world(world, rank):
         _dp_tp_meshes(run, impl, world, tp, fsdp)
-        with run.phase("parallelise"):
-            with torch.device("meta"):
-                run.model = _blocks(blocks, dim, hidden)
-            _tp_fsdp(run.model, run.meshes["tp"], run.meshes["dp"])
-        run.extra["placements"] = param_placements(run.model)
+        _parallelise_on_meta(run, blocks, dim, hidden, run.meshes["tp"], run.meshes["dp"])
     return run
 
 
@@ -290,8 +296,6 @@ def distill(
     on ``[W/2, W)``, each a ``(dp_replicate, fsdp, tp)`` mesh (HSDP: the shard group stays ``fsdp``
     ranks as the job grows, as in :func:`fsdp_tp`); every rank builds both (SPMD) and parallelises
     its own model (FSDP2 + TP, meta device) on the one it belongs to."""
-    import torch
-
     run = Run()
     half = world // 2
     shape, names = (half // (fsdp * tp), fsdp, tp), ("dp_replicate", "fsdp", "tp")
@@ -301,11 +305,7 @@ def distill(
             teachers = subset_mesh(impl, shape, names, range(half, world))
             mine = students if students.get_coordinate() is not None else teachers
             run.meshes.update(students=students, teachers=teachers, tp=mine["tp"], dp=mine["dp_replicate", "fsdp"])
-        with run.phase("parallelise"):
-            with torch.device("meta"):
-                run.model = _blocks(blocks, dim, hidden)
-            _tp_fsdp(run.model, run.meshes["tp"], run.meshes["dp"])
-        run.extra["placements"] = param_placements(run.model)
+        _parallelise_on_meta(run, blocks, dim, hidden, run.meshes["tp"], run.meshes["dp"])
     return run
 
 
@@ -366,8 +366,6 @@ def ep_per_stage(
     ``s`` holds ranks ``[s W/pp, (s+1) W/pp)`` as ``(edp_replicate, edp, ep)``; every rank builds
     every stage's mesh, then shards its stage's blocks over ``ep`` (tensor-parallel experts) and
     ``(edp_replicate, edp)`` (FSDP2, HSDP)."""
-    import torch
-
     run = Run()
     per = world // pp
     shape, names = (per // (edp * ep), edp, ep), ("edp_replicate", "edp", "ep")
@@ -376,11 +374,7 @@ def ep_per_stage(
             stages = [subset_mesh(impl, shape, names, range(s * per, (s + 1) * per)) for s in range(pp)]
             mine = next(m for m in stages if m.get_coordinate() is not None)
             run.meshes.update(ep=mine["ep"], edp=mine["edp_replicate", "edp"], stages=stages)
-        with run.phase("parallelise"):
-            with torch.device("meta"):
-                run.model = _blocks(blocks, dim, 4 * dim)
-            _tp_fsdp(run.model, run.meshes["ep"], run.meshes["edp"])
-        run.extra["placements"] = param_placements(run.model)
+        _parallelise_on_meta(run, blocks, dim, 4 * dim, run.meshes["ep"], run.meshes["edp"])
     return run
 
 

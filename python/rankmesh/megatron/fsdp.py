@@ -37,7 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from rankmesh._patch import Patch
+from rankmesh._patch import Patch, body_unknown
 
 __all__ = [
     "KNOWN_VERSIONS",
@@ -107,7 +107,6 @@ def unknown(original: Any) -> str | None:
     """None when ``original`` (``FullyShardedDataParallel._init_dist_index``) and the helpers of its
     module are the megatron-core code rankmesh was written against and ``rankmesh.mesh.from_group``
     exists; else why not (a version, a changed body, a missing helper)."""
-    from rankmesh._patch import source_hash
     from rankmesh.megatron.parallel_state import megatron_core_version
 
     version = megatron_core_version()
@@ -121,12 +120,9 @@ def unknown(original: Any) -> str | None:
         target = fn if name == "FullyShardedDataParallel._init_dist_index" else getattr(module, name, None)
         if target is None:
             return f"{module.__name__}.{name} does not exist"
-        try:
-            h = source_hash(target)
-        except (OSError, TypeError):
-            return f"the source of {module.__name__}.{name} is not available"
-        if h not in known:
-            return f"{module.__name__}.{name} has a body rankmesh does not know (hash {h})"
+        why = body_unknown(f"{module.__name__}.{name}", target, known)
+        if why is not None:
+            return why
     import rankmesh.mesh
 
     if not callable(getattr(rankmesh.mesh, "from_group", None)):

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rankmesh._patch import Patch, source_hash
+from rankmesh._patch import Patch, body_unknown
 
 __all__ = ["COUNTS", "KNOWN_BODY_HASHES", "KNOWN_VERSIONS", "contains", "make_le", "unknown"]
 
@@ -136,13 +136,7 @@ def unknown(original: Any) -> str | None:
         return "spmd_types has no package metadata"
     if version not in KNOWN_VERSIONS:
         return f"spmd_types {version} is not a version rankmesh has read"
-    try:
-        digest = source_hash(original)
-    except (OSError, TypeError):
-        return f"the source of spmd_types {version}'s MeshAxis.__le__ is not available"
-    if digest not in KNOWN_BODY_HASHES:
-        return f"the body of spmd_types {version}'s MeshAxis.__le__ changed (hash {digest})"
-    return None
+    return body_unknown(f"spmd_types {version}'s MeshAxis.__le__", original, KNOWN_BODY_HASHES)
 
 
 #: The patch (listed in :mod:`rankmesh.patches`; installed by :func:`rankmesh.torchtitan.accelerate`).
