@@ -258,7 +258,8 @@ def test_an_unknown_body_warns_once_and_the_original_runs(monkeypatch):
 
     monkeypatch.setattr(MeshAxis, "__le__", someone_elses_le)
     monkeypatch.setattr(_patch, "_warned", set())
-    with pytest.warns(RuntimeWarning, match="spmd_axis_le.*MeshAxis.__le__ has a body rankmesh does not know") as record:
+    unknown_body = "spmd_axis_le.*MeshAxis.__le__ has a body rankmesh does not know"
+    with pytest.warns(RuntimeWarning, match=unknown_body) as record:
         assert not PATCH.install()
     assert len(record) == 1
     assert MeshAxis.__dict__["__le__"] is someone_elses_le and "spmd_axis_le" not in patches.installed()
