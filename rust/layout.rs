@@ -300,11 +300,19 @@ impl World {
         }
         let modes = coalesce(&checked);
         let all = || Value::Modes(vec![modes.iter().map(|m| (m.size, m.stride)).collect()]);
-        let mut by_stride: Vec<Mode> = modes.clone();
-        by_stride.sort_by_key(|m| std::cmp::Reverse(m.stride));
+        // Each mode with its weight in the world index (the product of the sizes inside it), sorted
+        // by stride, largest first: what index_of peels ranks with.
+        let mut weights = vec![0u64; modes.len()];
+        let mut w = 1u64;
+        for (k, m) in modes.iter().enumerate().rev() {
+            weights[k] = w;
+            w *= m.size;
+        }
+        let mut by_stride: Vec<(Mode, u64)> = modes.iter().copied().zip(weights).collect();
+        by_stride.sort_by_key(|(m, _)| std::cmp::Reverse(m.stride));
         // Non-overlap: inside each mode, the modes of smaller stride span less than its stride.
         let mut span = 1u128; // 1 + the largest offset of the modes seen so far (smallest strides)
-        for m in by_stride.iter().rev() {
+        for (m, _) in by_stride.iter().rev() {
             if (m.stride as u128) < span {
                 return Err(bad(
                     "modes".into(),
@@ -329,14 +337,6 @@ impl World {
         if offset == 0 && size == global && modes.len() <= 1 {
             return World::new(global as i128, None);
         }
-        let mut weights = vec![0u64; modes.len()];
-        let mut w = 1u64;
-        for (k, m) in modes.iter().enumerate().rev() {
-            weights[k] = w;
-            w *= m.size;
-        }
-        let mut by_stride: Vec<(Mode, u64)> = modes.iter().copied().zip(weights).collect();
-        by_stride.sort_by_key(|(m, _)| std::cmp::Reverse(m.stride));
         Ok(World {
             size,
             rank_map: None,
@@ -368,15 +368,15 @@ impl World {
 
     /// The rank at every index, in index order (O(size)), or None for the identity.
     pub fn ranks(&self) -> Option<Vec<i32>> {
-        match (&self.rank_map, &self.placement) {
-            (Some(m), _) => Some(m.to_vec()),
-            (None, Some(p)) => {
-                let mut out = Vec::with_capacity(self.size as usize);
-                for_each_offset(&p.modes, |o| out.push((p.offset + o) as i32));
-                Some(out)
-            }
-            (None, None) => None,
+        if self.is_identity() {
+            return None;
         }
+        Some((0..self.size).map(|i| self.rank_at(i)).collect())
+    }
+
+    /// Whether index `i` is rank `i` for every index (no rank map, no placement).
+    pub fn is_identity(&self) -> bool {
+        self.rank_map.is_none() && self.placement.is_none()
     }
 
     pub fn size(&self) -> u64 {
@@ -974,17 +974,10 @@ impl Layout {
         let inner = offsets(&modes);
         let comp = complement(&modes, self.world.size);
         let mut out = Vec::with_capacity(self.world.size as usize);
-        match (self.world.rank_map(), self.world.placement()) {
-            (None, None) => for_each_offset(&comp, |base| {
-                out.extend(inner.iter().map(|&o| (base + o) as i32));
-            }),
-            (Some(map), _) => for_each_offset(&comp, |base| {
-                out.extend(inner.iter().map(|&o| map[(base + o) as usize]));
-            }),
-            (None, Some(p)) => for_each_offset(&comp, |base| {
-                out.extend(inner.iter().map(|&o| p.rank_at(base + o) as i32));
-            }),
-        }
+        let world = &self.world;
+        for_each_offset(&comp, |base| {
+            out.extend(inner.iter().map(|&o| world.rank_at(base + o)));
+        });
         out
     }
 

@@ -643,11 +643,10 @@ impl PyMeshLayout {
         let world = self.inner.world_arc().clone();
         guarded(py, move || {
             let n = world.size();
-            Ok(match (world.rank_map(), world.placement()) {
-                (None, None) => cpython_tuple_hash(n, (0..n).map(|i| i as i64)),
-                (Some(m), _) => cpython_tuple_hash(n, m.iter().map(|&r| r as i64)),
-                (None, Some(_)) => cpython_tuple_hash(n, (0..n).map(|i| world.rank_at(i) as i64)),
-            })
+            Ok(cpython_tuple_hash(
+                n,
+                (0..n).map(|i| world.rank_at(i) as i64),
+            ))
         })
     }
 

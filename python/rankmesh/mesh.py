@@ -1174,7 +1174,7 @@ def from_group(
         shape.append(len(ranks) if ranks is not None else int(np.prod([m[0] for m in dim_modes], dtype=np.int64)))
     try:
         world_layout = MeshLayout.placed(world_size, origin, modes)
-    except (InvalidLayoutError, RankmeshError) as e:
+    except RankmeshError as e:
         raise MeshArgumentError(
             f"the groups do not fit together as the dims of one mesh around rank {rank} ({e}); give groups that are "
             "the dims of one mesh, each once",
@@ -1237,14 +1237,6 @@ def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:
     offset, modes = world.placement
     key = f"rankmesh.mesh placed {offset} {modes}"
     return builder.layer_state(key, lambda: _World(world, builder.rank, builder))
-
-
-def _placed_world(layout: MeshLayout) -> MeshLayout:
-    """The 1-D ``("world",)`` layout of the world ``layout`` is over (placed or the whole job)."""
-    placement = layout.placement
-    if placement is None:
-        return MeshLayout.world(layout.world_size, layout.rank_map())
-    return MeshLayout.placed(layout.global_size, placement[0], placement[1])
 
 
 _warned: set[str] = set()

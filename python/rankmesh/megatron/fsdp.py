@@ -161,7 +161,7 @@ def _is_range(group: Any, rank: int, ranks: range) -> bool:
     return group_is_range(group, ranks)
 
 
-def _check_dp_tp(dist: Any, dp_group: Any, tp_group: Any, ep: int, world: int, rank: int, what: str) -> str | None:
+def _check_dp_tp(dp_group: Any, tp_group: Any, ep: int, world: int, rank: int, what: str) -> str | None:
     """``_get_dp_tp_mesh(dp_group, tp_group, ep_size=ep)``'s mesh is ``arange(W)`` as
     (dp, ep, tp), tp fastest, sliced at this rank's ep index: dp stride ep*tp, tp stride 1."""
     tp = 1 if tp_group is None else tp_group.size()
@@ -179,7 +179,7 @@ def _check_dp_tp(dist: Any, dp_group: Any, tp_group: Any, ep: int, world: int, r
     return None
 
 
-def _check_hsdp(dist: Any, p: _Plan) -> str | None:
+def _check_hsdp(p: _Plan) -> str | None:
     """``_get_hsdp_tp_mesh``'s mesh is ``arange(W)`` as (outer, fsdp, tp), tp fastest."""
     world, rank = p.world, p.rank
     tp = 1 if p.tp_group is None else p.tp_group.size()
@@ -255,14 +255,14 @@ def _plan(self: Any, pg_collection: Any, g: dict[str, Any]) -> _Plan | str:
     if dp_cp_group is None or (enable_hsdp and outer_fsdp_group is None):
         return "a data-parallel group is missing"
     if enable_hsdp:
-        return _check_hsdp(dist, p) or p
+        return _check_hsdp(p) or p
     if ep_group is not None:
         if expt_dp_group is None:
             return "an expert-parallel group without an expert data-parallel group"
-        why = _check_dp_tp(dist, expt_dp_group, expt_tp_group, ep_group.size(), p.world, p.rank, "expert")
+        why = _check_dp_tp(expt_dp_group, expt_tp_group, ep_group.size(), p.world, p.rank, "expert")
         if why is not None:
             return why
-    return _check_dp_tp(dist, dp_cp_group, tp_group, 1, p.world, p.rank, "dense") or p
+    return _check_dp_tp(dp_cp_group, tp_group, 1, p.world, p.rank, "dense") or p
 
 
 def _warn_once(key: str, message: str) -> None:
