@@ -121,20 +121,9 @@ def _draw_full(plt, plan: Plan, rank: int, gpn: int, label: str, name: str):
         if repeat and r != rank:  # colours repeat: say which group
             ax.text(local + 0.9, node + 0.84, f"g{int(ids[r])}", ha="right", va="bottom", fontsize=fs - 3,
                     color=_text_color(col), alpha=0.8)
-    for r in mine:
-        node, local = divmod(r, gpn)
-        ax.add_patch(Rectangle((local - 0.02, node - 0.02), 0.98, 0.94, fill=False, edgecolor="black", linewidth=2.2))
+    _outline_and_axes(ax, mine, gpn, nodes, top=-0.15)
     node, local = divmod(rank, gpn)
     ax.text(local + 0.47, node + 0.86, "you", ha="center", va="bottom", fontsize=6, color="black", weight="bold")
-    ax.set_xlim(-0.1, gpn)
-    ax.set_ylim(nodes + 0.05, -0.15)
-    ax.set_xticks([i + 0.47 for i in range(gpn)], [str(i) for i in range(gpn)], fontsize=7)
-    step = max(1, nodes // 32)
-    ax.set_yticks([i + 0.45 for i in range(0, nodes, step)], [f"node {i}" for i in range(0, nodes, step)], fontsize=7)
-    ax.set_xlabel("local GPU (rank % gpus_per_node)", fontsize=8)
-    ax.tick_params(length=0)
-    for s in ax.spines.values():
-        s.set_visible(False)
     size = int(lay.size(name))
     n_groups = world // size
     cycle = " (colours repeat; g<i> = group index)" if n_groups > len(_PALETTE) else ""
@@ -144,6 +133,25 @@ def _draw_full(plt, plan: Plan, rank: int, gpn: int, label: str, name: str):
         fontsize=9,
     )
     return fig
+
+
+def _outline_and_axes(ax, outlined, gpn: int, nodes: int, *, top: float) -> None:
+    """The node x local-GPU grid's frame: a black outline round each rank of ``outlined`` (the
+    caller's group), the axes' limits (``top``: room above the first node) and labels."""
+    from matplotlib.patches import Rectangle
+
+    for r in outlined:
+        node, local = divmod(r, gpn)
+        ax.add_patch(Rectangle((local - 0.02, node - 0.02), 0.98, 0.94, fill=False, edgecolor="black", linewidth=2.2))
+    ax.set_xlim(-0.1, gpn)
+    ax.set_ylim(nodes + 0.05, top)
+    ax.set_xticks([i + 0.47 for i in range(gpn)], [str(i) for i in range(gpn)], fontsize=7)
+    step = max(1, nodes // 32)
+    ax.set_yticks([i + 0.45 for i in range(0, nodes, step)], [f"node {i}" for i in range(0, nodes, step)], fontsize=7)
+    ax.set_xlabel("local GPU (rank % gpus_per_node)", fontsize=8)
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
 
 
 def _strip_picks(size: int, at: int, shown: int = 16) -> list[int]:
@@ -289,20 +297,9 @@ def _draw_job_grid(plt, job: JobPlan, rank: int, gpn: int, shade: dict[str, str]
         if r in coord:
             ax.text(local + 0.47, node + 0.7, f"({coord[r]})", ha="center", va="center", fontsize=fs - 2.5,
                     color=_text_color(col))  # fmt: skip
-    for r in outline:
-        node, local = divmod(r, gpn)
-        ax.add_patch(Rectangle((local - 0.02, node - 0.02), 0.98, 0.94, fill=False, edgecolor="black", linewidth=2.2))
+    _outline_and_axes(ax, outline, gpn, nodes, top=-0.3)
     node, local = divmod(rank, gpn)
     ax.text(local + 0.47, node + 0.02, "you", ha="center", va="top", fontsize=6, color="black", weight="bold")
-    ax.set_xlim(-0.1, gpn)
-    ax.set_ylim(nodes + 0.05, -0.3)
-    ax.set_xticks([i + 0.47 for i in range(gpn)], [str(i) for i in range(gpn)], fontsize=7)
-    step = max(1, nodes // 32)
-    ax.set_yticks([i + 0.45 for i in range(0, nodes, step)], [f"node {i}" for i in range(0, nodes, step)], fontsize=7)
-    ax.set_xlabel("local GPU (rank % gpus_per_node)", fontsize=8)
-    ax.tick_params(length=0)
-    for sp in ax.spines.values():
-        sp.set_visible(False)
     handles = [
         Patch(facecolor=colour[m.label], label=f"{m.label}: ranks {m.span()}  [{m.dims()}]  shades: {shade[m.label]}")
         for m in job.meshes.values()
