@@ -136,26 +136,6 @@ where
     }
 }
 
-/// CPython's tuple hash (Objects/tupleobject.c, 3.8+, 64-bit) of a tuple of `len` ints whose
-/// values are `items`; each item is an int in [0, 2^31), whose hash is its value.
-fn cpython_tuple_hash(len: u64, items: impl Iterator<Item = i64>) -> i64 {
-    const P1: u64 = 11400714785074694791;
-    const P2: u64 = 14029467366897019727;
-    const P5: u64 = 2870177450012600261;
-    let mut acc: u64 = P5;
-    for item in items {
-        let lane = item as u64;
-        acc = acc.wrapping_add(lane.wrapping_mul(P2));
-        acc = acc.rotate_left(31);
-        acc = acc.wrapping_mul(P1);
-    }
-    acc = acc.wrapping_add(len ^ (P5 ^ 3527539));
-    if acc == u64::MAX {
-        return 1546275796;
-    }
-    acc as i64
-}
-
 /// `type value` for messages, e.g. `float 2.0` (the repr cut short if very long).
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     let ty = obj
@@ -643,7 +623,7 @@ impl PyMeshLayout {
         let world = self.inner.world_arc().clone();
         guarded(py, move || {
             let n = world.size();
-            Ok(cpython_tuple_hash(
+            Ok(crate::hashes::cpython_tuple_hash(
                 n,
                 (0..n).map(|i| world.rank_at(i) as i64),
             ))
@@ -878,55 +858,19 @@ fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout
     .map(PyMeshLayout::wrap)
 }
 
-/// Writes `v` in decimal at the end of `buf`; returns where the digits start.
-fn decimal(v: u64, buf: &mut [u8; 24]) -> usize {
-    let (mut i, mut v) = (buf.len(), v);
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return i;
-        }
-    }
-}
-
 /// torch's hashed name of a member-only process group (`distributed_c10d._hash_ranks_to_str`):
 /// the SHA-1 hex digest of `"_".join(map(str, ranks)) + "_" + str(salt)`, computed without
-/// building the joined string (O(members), GIL released). `ranks` is the sorted member list
-/// as an int32 array. rankmesh's start-up self-check compares it with torch's own function.
+/// building the joined string (O(members), GIL released; see [`crate::hashes::group_name_hash`]).
+/// `ranks` is the sorted member list as an int32 array. rankmesh's start-up self-check compares
+/// it with torch's own function.
 #[pyfunction]
 fn hashed_group_name(
     py: Python<'_>,
     ranks: PyReadonlyArray1<'_, i32>,
     salt: u64,
 ) -> PyResult<String> {
-    use sha1::{Digest, Sha1};
     let ranks = ranks.as_slice()?;
-    py.detach(|| {
-        let mut h = Sha1::new();
-        let mut buf = [0u8; 24];
-        for (k, &r) in ranks.iter().enumerate() {
-            if k > 0 {
-                h.update(b"_");
-            }
-            if r < 0 {
-                h.update(b"-");
-            }
-            let start = decimal(r.unsigned_abs() as u64, &mut buf);
-            h.update(&buf[start..]);
-        }
-        h.update(b"_");
-        let start = decimal(salt, &mut buf);
-        h.update(&buf[start..]);
-        let digest = h.finalize();
-        let mut out = String::with_capacity(40);
-        for b in digest.iter() {
-            out.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
-            out.push(char::from_digit((b & 15) as u32, 16).unwrap_or('0'));
-        }
-        Ok(out)
-    })
+    Ok(py.detach(|| crate::hashes::group_name_hash(ranks, salt)))
 }
 
 /// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
