@@ -691,6 +691,12 @@ impl Layout {
         self.world.is_member(rank)
     }
 
+    /// The 1-D `"world"` mesh of the world this layout is over (the same shared world: O(1), and
+    /// equal to the layout the world was built as).
+    pub fn world_layout(&self) -> Layout {
+        Layout::from_world(self.world.clone())
+    }
+
     pub fn world_size(&self) -> u64 {
         self.world.size
     }
@@ -1100,6 +1106,17 @@ mod tests {
             m.flatten(None).unwrap().axes()[0].modes(),
             &[Mode::new(8, 1)]
         );
+    }
+
+    #[test]
+    fn world_layout_is_the_world_a_layout_derives_from() {
+        let w = Layout::world(8, Some(&[3, 1, 2, 0, 7, 5, 6, 4])).unwrap();
+        let tp = w.unflatten(0, &[2, 4], &names(&["dp", "tp"])).unwrap();
+        let tp = tp.slice(&["tp"]).unwrap();
+        assert!(tp.world_layout() == w);
+        assert_eq!(tp.world_layout().names(), &["world".to_string()]);
+        let other = Layout::world(8, Some(&[0, 1, 2, 3, 7, 5, 6, 4])).unwrap();
+        assert!(tp.world_layout() != other);
     }
 
     #[test]

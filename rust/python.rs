@@ -486,6 +486,11 @@ impl PyMeshLayout {
         })
     }
 
+    /// The 1-D "world" layout this layout derives from (O(1), the same shared world).
+    fn world_layout(&self) -> Self {
+        Self::wrap(self.inner.world_layout())
+    }
+
     /// Whether `rank` of the job is one of the world's ranks (O(modes)).
     fn is_member(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<bool> {
         let r = int_arg(py, rank, "rank")?;

@@ -90,6 +90,15 @@ class MeshLayout:
     def is_member(self, rank: _Int) -> bool:
         """Whether ``rank`` of the job is one of this layout's ranks (always, unless placed)."""
 
+    def world_layout(self) -> MeshLayout:
+        """The 1-D ``"world"`` layout this layout derives from, O(1): the layout to build a
+        :class:`~rankmesh.MeshBuilder` over, e.g. ``MeshBuilder(mesh.world_layout())``.
+
+        >>> w = MeshLayout.world(8)
+        >>> w.unflatten(0, (2, 4), ("dp", "tp"))["tp"].world_layout() == w
+        True
+        """
+
     def unflatten(self, dim: _Dim, sizes: Sequence[_Int], names: Sequence[str]) -> MeshLayout:
         """Splits ``dim`` (name or index) into ``sizes`` named ``names``, like
         ``DeviceMesh._unflatten``; works on any dim, including ones from an earlier flatten.
