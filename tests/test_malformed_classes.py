@@ -36,7 +36,7 @@ from rankmesh.errors import (
     SliceOrderError,
     UnknownNameError,
 )
-from rankmesh.megatron import RankGenerator, model_parallel_layout
+from rankmesh.megatron import RankGenerator, groups, model_parallel_layout
 from rankmesh.megatron.hyper_comm_grid import HyperCommGrid
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from rankmesh.plan import build_plan
@@ -196,8 +196,7 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, cap
         "TopologyReport.violations": lambda: topology_report(lay, 0, 4).violations(("bogus",)),
         # the torch layer's fake dims, from every convention that takes them
         "FastDeviceMesh.from_layout": lambda: FastDeviceMesh.from_layout(builder, lay, fake_dims=("tp", "bogus")),
-        "SingleMesh.device_mesh": lambda: single_mesh(W, tp=4).device_mesh(builder, fake_dims=["bogus"]),
-        "RankGenerator.device_mesh": lambda: g.device_mesh(["pp", "tp"], builder, fake_dims=["bogus"]),
+        "megatron.groups.device_mesh": lambda: groups.device_mesh(g, ["pp", "tp"], builder, fake_dims=["bogus"]),
     }
     fields = {k: "strict_dims" if "opology" in k else "fake_dims" for k in places}
     for name, fn in places.items():
@@ -210,7 +209,7 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, cap
     expect(lambda: g.my_group(0, "tp-bogus"), UnknownNameError, "token", "bogus")
     expect(lambda: g.get_mask(g.order, ["bogus"]), UnknownNameError, "token", "bogus")
     expect(lambda: m.group(0, "bogus"), UnknownNameError, "name", "bogus")
-    expect(lambda: m.process_groups(builder, names=["tp", "bogus"]), UnknownNameError, "name", "bogus")
+    expect(lambda: groups.process_groups(m, builder, names=["tp", "bogus"]), UnknownNameError, "name", "bogus")
     expect(lambda: grid.get_rank_enum(["tp", "bogus"]), UnknownNameError, "dims", "bogus")
     expect(lambda: build_plan("torchtitan", 64).find_dim("bogus"), UnknownNameError, "dim", "bogus")
     pd = ParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=1, etp=1, world_size=W)

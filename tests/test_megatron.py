@@ -243,8 +243,9 @@ def test_other_errors():
         g.my_group(4, "tp")
     with pytest.raises(RankOutOfRangeError):
         g.my_group(-1, "tp")
+    groups = pytest.importorskip("rankmesh.megatron.groups")
     with pytest.raises(ParallelConfigError):  # torch objects need the whole world
-        RankGenerator(2, 1, 2, 1, 1, "tp-dp", rank_offset=4).mesh_builder()
+        groups.mesh_builder(RankGenerator(2, 1, 2, 1, 1, "tp-dp", rank_offset=4))
 
 
 def test_integers_follow_the_one_rule():
@@ -475,12 +476,12 @@ def test_docstring_examples_run():
 @pytest.mark.parametrize("rank", [0, 13, 63])
 def test_process_groups_and_device_mesh(rank):
     dist = pytest.importorskip("torch.distributed")
-    pytest.importorskip("rankmesh.process_groups")
+    groups = pytest.importorskip("rankmesh.megatron.groups")
 
     m = model_parallel_layout(64, 2, 2, 2, 4, num_distributed_optimizer_instances=2)
     with fake_world(64, rank):
-        builder = m.mesh_builder()
-        pgs = m.process_groups(builder)
+        builder = groups.mesh_builder(m)
+        pgs = groups.process_groups(m, builder)
         assert list(pgs) == [n for n in m.group_names if n not in ("embd", "pos_embd")]
         for name, pg in pgs.items():
             assert dist.get_process_group_ranks(pg) == sorted(m.group(rank, name).tolist()), name
@@ -488,19 +489,19 @@ def test_process_groups_and_device_mesh(rank):
         report = builder.report()
         assert report.created == len({id(pg) for pg in pgs.values()})
         with pytest.raises(ParallelConfigError):
-            m.process_groups(builder, names=["embd"])
-        dm = m.decoder.device_mesh(["pp", "dp-cp", "tp"], builder)
+            groups.process_groups(m, builder, names=["embd"])
+        dm = groups.device_mesh(m.decoder, ["pp", "dp-cp", "tp"], builder)
         assert tuple(dm.mesh_dim_names) == ("pp", "dp_cp", "tp") and tuple(dm.shape) == (2, 16, 2)
         assert dist.get_process_group_ranks(dm.get_group("dp_cp")) == m.group(rank, "dp_cp").tolist()
         assert dm["dp_cp"].mesh.tolist() == m.group(rank, "dp_cp").tolist()
-        assert m.decoder.process_group("dp-cp", builder) is pgs["dp_cp"]
+        assert groups.process_group(m.decoder, "dp-cp", builder) is pgs["dp_cp"]
         # A DeviceMesh's dims share groups by (partition, dim name) only: its pp, dp_cp and tp are
         # groups of their own (FSDP2 needs distinct groups for distinct meshes); asking again
         # makes nothing new.
         assert builder.report().created == report.created + 3
-        m.decoder.device_mesh(["pp", "dp-cp", "tp"], builder)
+        groups.device_mesh(m.decoder, ["pp", "dp-cp", "tp"], builder)
         assert builder.report().created == report.created + 3
-        em = m.expert.device_mesh(["pp", "dp", "ep", "tp"], builder)
+        em = groups.device_mesh(m.expert, ["pp", "dp", "ep", "tp"], builder)
         assert tuple(em.shape) == (2, 4, 4, 2)
         assert em.get_coordinate() is not None
 

@@ -199,9 +199,10 @@ def test_device_mesh_and_helpers(rank):
     m = single_mesh(64, pp=2, dp_replicate=2, tp=4)
     with fake_world(64, rank):  # skips without torch
         import torch.distributed as dist
+        from rankmesh import FastDeviceMesh, MeshBuilder
 
-        builder = m.mesh_builder()
-        dm = m.device_mesh(builder)
+        builder = MeshBuilder(m.layout.world_layout())
+        dm = FastDeviceMesh.from_layout(builder, m.layout)
         assert tuple(dm.mesh_dim_names) == m.names and tuple(dm.shape) == m.shape
         assert tuple(dm.get_coordinate()) == m.layout.coordinate_of(rank)
         for name in m.names:
@@ -218,7 +219,9 @@ def test_device_mesh_and_helpers(rank):
 def test_device_mesh_keeps_size_one_dp_shard():
     m = single_mesh(16, pp=2, tp=8)
     with fake_world(16, 9):
-        dm = m.device_mesh(m.mesh_builder())
+        from rankmesh import FastDeviceMesh, MeshBuilder
+
+        dm = FastDeviceMesh.from_layout(MeshBuilder(m.layout.world_layout()), m.layout)
         assert tuple(dm.mesh_dim_names) == ("pp", "dp_shard", "tp") and tuple(dm.shape) == (2, 1, 8)
         assert get_dp_info(dm) == (0, 1)
         assert dm["dp_shard"].size() == 1

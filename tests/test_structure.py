@@ -124,6 +124,81 @@ def test_process_groups_sit_below_the_meshes():
         assert not {n for n in names if "DeviceMesh" in n}, low
 
 
+# -- each convention = torch-free rules + a torch face ------------------------------------------
+
+#: The rules: what a convention means (layouts, groups, checks, plans, pictures). They import no
+#: torch module, directly or through another rankmesh module, so they never build a process group
+#: or a mesh; the faces (rankmesh.process_groups, rankmesh.mesh, rankmesh.megatron.groups,
+#: rankmesh.megatron.parallel_state, rankmesh.torchtitan.parallel_dims, ...) do that.
+RULE_MODULES = (
+    "rankmesh.errors",
+    "rankmesh._check",
+    "rankmesh._groups",
+    "rankmesh.single",
+    "rankmesh.topology",
+    "rankmesh.megatron",
+    "rankmesh.megatron.layout",
+    "rankmesh.torchtitan.layouts",
+    "rankmesh.plan",
+    "rankmesh._picture",
+)
+TORCH_FACES = ("rankmesh.process_groups", "rankmesh.mesh", "rankmesh._fast_groups", "rankmesh._torch_compat")
+
+
+def _torch_imports(path: Path) -> set[str]:
+    """The torch modules a file imports (anywhere, lazily too; not under ``if TYPE_CHECKING``)."""
+
+    class _Torch(_Imports):
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if not node.level and node.module and node.module.split(".")[0] == "torch":
+                self.found.add(node.module)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            self.found.update(a.name for a in node.names if a.name.split(".")[0] == "torch")
+
+    visitor = _Torch({})
+    visitor.visit(ast.parse(path.read_text(), str(path)))
+    return visitor.found
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """``start`` and every rankmesh module it imports, directly or not."""
+    seen, todo = {start}, [start]
+    while todo:
+        for m in graph[todo.pop()]:
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def rule_violations(graph: dict[str, set[str]], torch_imports: dict[str, set[str]]) -> dict[str, list[str]]:
+    """For each rule module, the modules it reaches that import torch or are a torch face."""
+    out = {}
+    for rule in RULE_MODULES:
+        bad = sorted(m for m in _reach(graph, rule) if torch_imports.get(m) or m in TORCH_FACES)
+        if bad:
+            out[rule] = bad
+    return out
+
+
+def test_rule_modules_import_no_torch_and_no_torch_face():
+    graph, modules = import_graph(), _modules()
+    assert set(RULE_MODULES) <= set(graph)
+    torch_imports = {name: _torch_imports(path) for name, path in modules.items()}
+    assert torch_imports["rankmesh.process_groups"] and torch_imports["rankmesh.mesh"]  # the check sees imports
+    assert rule_violations(graph, torch_imports) == {}
+
+
+def test_the_rule_check_finds_a_torch_import_behind_another_module():
+    graph = {m: set() for m in RULE_MODULES} | {"helper": {"rankmesh.process_groups"}, "rankmesh.process_groups": set()}
+    graph["rankmesh.single"] = {"helper"}
+    found = rule_violations(graph, {"rankmesh.process_groups": {"torch.distributed"}})
+    assert found == {"rankmesh.single": ["rankmesh.process_groups"]}
+    graph["rankmesh.single"] = set()
+    assert rule_violations(graph, {"rankmesh.topology": {"torch"}}) == {"rankmesh.topology": ["rankmesh.topology"]}
+
+
 # -- private torch state: touched in two named modules, each checked at start-up -----------------
 
 # rankmesh._torch_compat (DeviceMesh, the layout algebra) and rankmesh._fast_groups (c10d's group

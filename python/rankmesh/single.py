@@ -24,22 +24,24 @@ and ep is a factor of the world product here (not carved out of dp). There is no
 
 The helpers :func:`get_dp_mesh`, :func:`get_tp_mesh`, :func:`get_pp_mesh`, :func:`get_ep_mesh`
 and :func:`get_dp_info` take a :class:`~rankmesh.MeshLayout`, a :class:`SingleMesh` or a torch
-``DeviceMesh`` (such as :meth:`SingleMesh.device_mesh` builds through the torch layer).
+``DeviceMesh``. The torch face of a single mesh is the one every layout has: a
+:class:`~rankmesh.MeshBuilder` over its world and
+:meth:`FastDeviceMesh.from_layout <rankmesh.mesh.FastDeviceMesh.from_layout>`::
+
+    builder = MeshBuilder(m.layout.world_layout())
+    dm = FastDeviceMesh.from_layout(builder, m.layout)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rankmesh._check import as_int, as_layout, as_rank, check_degrees, degree_fix, positive_int, type_name
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError
-
-if TYPE_CHECKING:
-    from rankmesh.process_groups import MeshBuilder
 
 __all__ = [
     "SINGLE_MESH_ORDER",
@@ -91,26 +93,6 @@ class SingleMesh:
     def group(self, rank: int, dim: str) -> np.ndarray:
         """``rank``'s group in ``dim`` (int32 ranks), O(group size)."""
         return self.layout.group(rank, dim)
-
-    def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
-        """A :class:`rankmesh.process_groups.MeshBuilder` over this mesh's world."""
-        from rankmesh.process_groups import MeshBuilder
-
-        world = MeshLayout.world(self.world_size, rank_map=self.layout.rank_map())
-        return MeshBuilder(world, device_type=device_type, rank=rank)
-
-    def device_mesh(self, builder: MeshBuilder, *, fake_dims: tuple[str, ...] = ()):
-        """The caller's ``DeviceMesh`` of this layout (:meth:`rankmesh.mesh.FastDeviceMesh.from_layout`)."""
-        from rankmesh.mesh import FastDeviceMesh
-        from rankmesh.process_groups import MeshBuilder
-
-        if not isinstance(builder, MeshBuilder):
-            raise ArgumentTypeError(
-                f"builder must be a rankmesh.MeshBuilder (e.g. from mesh_builder()), got {type_name(builder)}",
-                field="builder",
-                value=builder,
-            )
-        return FastDeviceMesh.from_layout(builder, self.layout, fake_dims=fake_dims)
 
 
 def single_mesh(
@@ -254,11 +236,10 @@ def get_dp_info(mesh: Any, rank: int | None = None) -> tuple[int, int]:
                 dp_rank, dp_size = dp_rank * size + int(coord[i]), dp_size * size
         return dp_rank, dp_size
     if rank is not None:
-        import torch.distributed as dist
-
-        if as_int(rank, "rank") != dist.get_rank():
+        me = mesh.get_rank()  # the caller's global rank, as DeviceMesh.get_rank() answers it
+        if as_int(rank, "rank") != me:
             raise DistributedStateError(
-                f"rank = {rank} but a DeviceMesh answers for the calling rank ({dist.get_rank()}) only; "
+                f"rank = {rank} but a DeviceMesh answers for the calling rank ({me}) only; "
                 "leave rank unset, or pass the MeshLayout (mesh.layout) to ask about other ranks",
                 field="rank",
                 value=rank,

@@ -1,6 +1,7 @@
 """Megatron-core's rank conventions over :class:`~rankmesh.MeshLayout` (this package only names
-things: the layout algebra is :mod:`rankmesh.megatron.layout`, ``initialize_model_parallel`` is
-:mod:`rankmesh.megatron.parallel_state`, ``HyperCommGrid`` :mod:`rankmesh.megatron.hyper_comm_grid`).
+things: the layout algebra is :mod:`rankmesh.megatron.layout`, torch-free; its process groups and
+DeviceMeshes are made in one place, :mod:`rankmesh.megatron.groups`; ``initialize_model_parallel``
+is :mod:`rankmesh.megatron.parallel_state`, ``HyperCommGrid`` :mod:`rankmesh.megatron.hyper_comm_grid`).
 
 Megatron names its parallel dims with an *order* string such as ``"tp-cp-ep-dp-pp"``: the
 leftmost name varies fastest over the ranks. That is a row-major mesh read backwards, so a

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +29,6 @@ from rankmesh.errors import (
     SliceOrderError,
     UnknownNameError,
 )
-
-if TYPE_CHECKING:  # the torch layer is optional at import time
-    from rankmesh.process_groups import MeshBuilder
 
 __all__ = [
     "MEGATRON_DIMS",
@@ -156,17 +153,6 @@ def default_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
 def default_position_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
     """Megatron's default: position embeddings live on the first pipeline stage."""
     return [list(pp_ranks)[0]]
-
-
-def _torch_layer():
-    try:
-        from rankmesh import mesh, process_groups
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "process groups and DeviceMeshes need rankmesh's torch layers (rankmesh.process_groups, "
-            "rankmesh.mesh) and torch; the layout-level API (my_group, groups, layout) works without them"
-        ) from e
-    return process_groups, mesh
 
 
 class RankGenerator:
@@ -455,39 +441,6 @@ class RankGenerator:
         run_names = [labels[r[0]] if r[0] is not None else f"_rest{j}" for j, r in enumerate(runs)]
         full = self.world.unflatten(0, [r[1] for r in runs], run_names)
         return full[tuple(labels)]
-
-    # -- torch, through rankmesh.process_groups -------------------------------------------------
-    def _check_torch(self) -> None:
-        if self.rank_offset:
-            raise ParallelConfigError(
-                f"process groups need a generator that covers the whole world (rank_offset 0, got "
-                f"{self.rank_offset}); build one RankGenerator over the world instead",
-                field="rank_offset",
-                value=self.rank_offset,
-            )
-
-    def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
-        """A :class:`rankmesh.process_groups.MeshBuilder` over this generator's world."""
-        self._check_torch()
-        return _torch_layer()[0].MeshBuilder(self.world, device_type=device_type, rank=rank)
-
-    def process_group(self, token: str | Iterable[str], builder: MeshBuilder, *, fake: bool = False):
-        """The caller's process group of ``token`` (one per distinct partition, shared)."""
-        self._check_torch()
-        return builder.process_group(self.layout(token), 0, fake=fake)
-
-    def device_mesh(
-        self,
-        dims: Sequence[str | Iterable[str]],
-        builder: MeshBuilder,
-        *,
-        names: Sequence[str] | None = None,
-        fake_dims: Sequence[str] = (),
-    ):
-        """The caller's ``DeviceMesh`` over ``dims`` (see :meth:`dims_layout`)."""
-        self._check_torch()
-        layout = self.dims_layout(dims, names)
-        return _torch_layer()[1].FastDeviceMesh.from_layout(builder, layout, fake_dims=tuple(fake_dims))
 
     def __repr__(self) -> str:
         off = f", rank_offset={self.rank_offset}" if self.rank_offset else ""
@@ -849,37 +802,10 @@ class ModelParallelLayout:
             )
         return groups
 
-    # -- torch, through rankmesh.process_groups ----------------------------------------------------
-    def mesh_builder(self, *, device_type: str = "cpu", rank: int | None = None) -> MeshBuilder:
-        """A :class:`rankmesh.process_groups.MeshBuilder` over the shared world."""
-        return self.decoder.mesh_builder(device_type=device_type, rank=rank)
-
-    def process_groups(self, builder: MeshBuilder, names: Iterable[str] | None = None) -> dict[str, Any]:
-        """The caller's process group for each name (default: every group but the embedding
-        ones), created in Megatron's order so that every rank agrees; groups with the same
-        members share one process group. Size-1 groups use the fake backend."""
-        if names is None:
-            wanted = tuple(n for n in self.group_names if self._entries[n].partition)
-        else:
-            wanted = tuple(names)
-        for name in wanted:  # every name checked before any group is created
-            if not self._entry(name).partition:
-                raise ParallelConfigError(
-                    f"{name!r} groups do not cover the world; create them with "
-                    f"torch.distributed.new_group(group(rank, {name!r})) on their members",
-                    field="names",
-                    value=name,
-                )
-        layouts = {name: self.layout(name) for name in self.group_names if name in wanted}
-        for name, lay in layouts.items():
-            if lay is None:
-                raise ParallelConfigError(
-                    f"group {name!r} is not a strided partition of the world; it cannot be built "
-                    "from a layout (pick num_distributed_optimizer_instances dividing dp)",
-                    field="name",
-                    value=name,
-                )
-        return {name: builder.process_group(lay, 0, fake=lay.size() == 1) for name, lay in layouts.items()}
+    def covers_world(self, name: str) -> bool:
+        """Whether group ``name``'s groups cover every rank (all but the embedding groups): the
+        groups a torch face can create on every rank."""
+        return self._entry(name).partition
 
     def __repr__(self) -> str:
         return (

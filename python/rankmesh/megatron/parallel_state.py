@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankmesh._check import as_sequence, check_str
-from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     MegatronConfigError,
     MegatronStateError,
@@ -413,17 +412,16 @@ def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
     import torch
     import torch.distributed as dist
 
+    from rankmesh.megatron import groups
     from rankmesh.megatron.layout import GROUP_DESCRIPTIONS
-    from rankmesh.process_groups import MeshBuilder
 
     ps, m, rank, gloo, n_do = c.ps, c.m, c.rank, c.gloo, c.m.num_distributed_optimizer_instances
     timeout = c.timeout
-    builder = MeshBuilder(MeshLayout.world(c.world_size), size_one_fake=False)
+    # megatron-core's one-rank groups are real groups: the builder's size-1 rule says so
+    builder = groups.mesh_builder(m, size_one_fake=False)
 
     def options(cfg_name: str) -> Any:
         return ps.get_nccl_options(cfg_name, c.nccl_comm_cfgs)
-
-    layout_of = m.group_layout  # the embedding groups are the pp groups by Megatron's rule
 
     def make(
         name: str,
@@ -444,11 +442,7 @@ def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
             group_desc=GROUP_DESCRIPTIONS[name] if desc is None else desc,
             tag=tag,
         )
-        lay = layout_of(name)
-        if lay is not None:
-            return builder.process_group(lay, 0, **kw)
-        members = m.group(rank, name)
-        return builder.subset_group(name, None if members is None else members.tolist(), name=name, **kw)
+        return groups.group(builder, m, rank, name, **kw)
 
     def ranks(name: str) -> list[int] | None:
         g = m.group(rank, name)
