@@ -1,8 +1,9 @@
 """The ``rankmesh`` command: ``plan`` for the three conventions (in process), its process-group
 count (against brute-force partitions and against the torch layer's real build), pictures (and
 their failures: no matplotlib, a path that cannot be written), a bad-input test for every flag
-(exit status 2 and a one-line fix), the API's own error for every flag value the API refuses,
-``bench`` pass-through, and one ``python -m rankmesh`` subprocess."""
+(exit status 2 and a one-line fix), the API's own error for every flag value the API refuses (its
+message naming the flags typed where it names their arguments), ``bench`` pass-through, and one
+``python -m rankmesh`` subprocess."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from rankmesh import MeshLayout
 from rankmesh._check import as_rank, positive_int
-from rankmesh.cli import PLAN_LIMIT, main
+from rankmesh.cli import PLAN_LIMIT, _flag_message, _parser, _typed, main
 from rankmesh.errors import RankmeshError
 from rankmesh.megatron import model_parallel_layout
 from rankmesh.plan import build_plan, count_process_groups, format_group
@@ -217,41 +218,41 @@ BASE = ["plan", "--world-size", "64"]
 BAD = [
     (["plan"], "--world-size"),  # missing required flag
     (["plan", "--world-size", "abc"], "invalid int"),
-    (["plan", "--world-size", "0"], "world_size must be >= 1"),
-    (["plan", "--world-size", "-8"], "world_size must be >= 1"),
+    (["plan", "--world-size", "0"], "--world-size must be >= 1"),
+    (["plan", "--world-size", "-8"], "--world-size must be >= 1"),
     (["plan", "--world-size", str(PLAN_LIMIT * 2)], "limit"),
     (["plan", "--world-size", str(2**31)], "int32"),
     (["plan", "--world-size", "60", "--tp", "8"], "!= WORLD_SIZE(60)"),
     (["plan", "--world-size", "8", "--tp", "16"], "leaves no rank"),
-    (BASE + ["--tp", "0"], "tp = 0"),
+    (BASE + ["--tp", "0"], "--tp 0;"),
     (BASE + ["--tp", "x"], "invalid int"),
-    (BASE + ["--tp", "0", "--convention", "megatron"], "tensor_model_parallel_size must be >= 1"),
-    (BASE + ["--tp", "0", "--convention", "single"], "tp must be >= 1"),
-    (BASE + ["--pp", "0"], "pp = 0"),
-    (BASE + ["--cp", "-1"], "cp = -1"),
+    (BASE + ["--tp", "0", "--convention", "megatron"], "--tp must be >= 1"),
+    (BASE + ["--tp", "0", "--convention", "single"], "--tp must be >= 1"),
+    (BASE + ["--pp", "0"], "--pp 0;"),
+    (BASE + ["--cp", "-1"], "--cp -1;"),
     (BASE + ["--cp", "2", "--convention", "single"], "no cp dim"),
-    (BASE + ["--ep", "0"], "ep = 0"),
+    (BASE + ["--ep", "0"], "--ep 0;"),
     (BASE + ["--ep", "3"], "ep * etp = 3 * 1 = 3 must divide"),
-    (BASE + ["--dp-replicate", "0"], "dp_replicate = 0"),
+    (BASE + ["--dp-replicate", "0"], "--dp-replicate 0;"),
     (BASE + ["--dp-replicate", "2", "--convention", "megatron"], "does not apply"),
-    (BASE + ["--dp-shard", "0"], "dp_shard = 0"),
-    (BASE + ["--dp-shard", "-2"], "dp_shard = -2"),
+    (BASE + ["--dp-shard", "0"], "--dp-shard 0;"),
+    (BASE + ["--dp-shard", "-2"], "--dp-shard -2;"),
     (BASE + ["--dp-shard", "4"], "!= WORLD_SIZE(64)"),
     (BASE + ["--dp-shard", "4", "--convention", "megatron"], "does not apply"),
-    (BASE + ["--etp", "0"], "etp = 0"),
+    (BASE + ["--etp", "0"], "--etp 0;"),
     (BASE + ["--tp", "4", "--ep", "2", "--etp", "2"], "ETP=TP or ETP=1"),
-    (BASE + ["--etp", "2", "--convention", "single"], "etp does not apply"),
+    (BASE + ["--etp", "2", "--convention", "single"], "--etp does not apply"),
     (BASE + ["--convention", "deepspeed"], "invalid choice"),
-    (BASE + ["--order", "tp-dp-pp"], "order does not apply to the torchtitan convention"),
-    (BASE + ["--order", "tp-dp-pp", "--convention", "single"], "order does not apply to the single convention"),
+    (BASE + ["--order", "tp-dp-pp"], "--order does not apply to the torchtitan convention"),
+    (BASE + ["--order", "tp-dp-pp", "--convention", "single"], "--order does not apply to the single convention"),
     (BASE + ["--order", "tp-xp-pp", "--convention", "megatron"], "xp"),
     (BASE + ["--order", "tp-dp", "--pp", "2", "--convention", "megatron"], "does not name it"),
     (BASE + ["--order", "", "--convention", "megatron"], "empty name"),
     (BASE + ["--order", ""], "order does not apply"),
     (["plan", "--world-size", "60", "--tp", "8", "--convention", "megatron"], "not divisible"),
-    (BASE + ["--rank", "64"], "rank = 64 is out of range"),
-    (BASE + ["--rank", "-1"], "rank = -1 is out of range"),
-    (BASE + ["--gpus-per-node", "0"], "gpus_per_node must be >= 1"),
+    (BASE + ["--rank", "64"], "--rank 64 is out of range"),
+    (BASE + ["--rank", "-1"], "--rank -1 is out of range"),
+    (BASE + ["--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),
     (BASE + ["--gpus-per-node", "6"], "whole number of 6-GPU nodes"),
     (BASE + ["--strict", "pp"], "unknown bandwidth-hungry family 'pp'"),
     (BASE + ["--strict", ""], "unknown bandwidth-hungry family ''"),
@@ -285,7 +286,93 @@ def _assert_one_error_and_fix(err: str) -> None:
     assert len(lines) == 2 and "error: " in lines[0] and lines[1].startswith("fix: ") and len(lines[1]) > 10, err
 
 
-# -- flag values the API refuses: the CLI gives the API's own error, never a default -------------
+# -- the error line names the flags the user typed (issue 28.5), the API's message its arguments -
+
+W64 = ["--world-size", "64"]
+
+# (argv after ``plan``, what the error line says, the API's name for the value typed, which it must not show)
+FLAG_ERRORS = [
+    (W64 + ["--tp", "0"], "except for dp_shard: --tp 0; use 1 to disable", "tp = 0"),
+    (W64 + ["--tp", "0", "--convention", "megatron"], "error: --tp must be >= 1, got 0", "tensor_model_parallel"),
+    (W64 + ["--pp", "0", "--convention", "single"], "error: --pp must be >= 1, got 0", "error: pp"),
+    (W64 + ["--cp", "-1"], ": --cp -1; use 1", "cp = -1"),
+    (W64 + ["--ep", "0", "--convention", "megatron"], "error: --ep must be >= 1, got 0", "expert_model_parallel"),
+    (W64 + ["--etp", "0"], ": --etp 0; use 1", "etp = 0"),
+    (W64 + ["--dp-replicate", "0"], ": --dp-replicate 0; use 1", "dp_replicate"),
+    (W64 + ["--dp-shard", "0"], "error: --dp-shard must -1 or >=1: --dp-shard 0; use -1", "dp_shard"),
+    (W64 + ["--dp-shard", "-2", "--convention", "single"], "error: --dp-shard must be >= 1 (or -1", "dp_shard"),
+    (W64 + ["--tp", "4", "--ep", "2", "--etp", "2"], "ETP=1: --etp 2 with --tp 4 and --ep 2;", " = "),
+    (W64 + ["--etp", "3", "--convention", "megatron"], "error: --world-size 64 is not divisible by", "world_size"),
+    (["--world-size", "60", "--tp", "8", "--convention", "single"], "error: --world-size 60 is not", "world_size"),
+    (["--world-size", "8", "--tp", "16"], "FSDP: --world-size 8 is smaller than", "world_size"),
+    (["--world-size", "0"], "error: --world-size must be >= 1, got 0", "world_size"),
+    (W64 + ["--rank", "99"], "error: --rank 99 is out of range for a world of 64 ranks", "rank = "),
+    (W64 + ["--gpus-per-node", "0"], "error: --gpus-per-node must be >= 1, got 0", "gpus_per_node"),
+    (W64 + ["--gpus-per-node", "6"], "6-GPU nodes; pass the real --gpus-per-node,", "gpus_per_node"),
+    (W64 + ["--strict", "ep,bogus"], "family 'bogus' in --strict; choose from", "strict_dims"),
+    (W64 + ["--order", "tp-xx", "--convention", "megatron"], "error: --order 'tp-xx' names 'xx'", "error: order"),
+    (W64 + ["--order", "tp-dp", "--pp", "2", "--convention", "megatron"], "the --order 'tp-dp' does not name",
+     "the order 'tp-dp'"),
+    (W64 + ["--order", "tp-dp-pp"], "error: --order does not apply to the torchtitan convention", "error: order"),
+    (W64 + ["--dp-replicate", "2", "--convention", "megatron"], "error: --dp-replicate does not apply", "dp_replicate"),
+    (W64 + ["--etp", "2", "--convention", "single"], "error: --etp does not apply", "error: etp"),
+    (W64 + ["--cp", "2", "--convention", "single"], "has no cp dim (got --cp 2)", "cp=2"),
+    (W64 + ["--tp", str(2**32)], f"error: --tp {2**32} overflows", f"tp = {2**32}"),
+    (W64 + ["--mesh", "a=0:8", "--rank", "99"], "error: --rank 99 is out of range", "rank = "),
+    (W64 + ["--mesh", "a=0:8", "--mesh", "b=4:16"], "error: --mesh 'b=4:16': it shares rank 4 with --mesh 'a=0:8'",
+     "with mesh"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, says, api_name", FLAG_ERRORS, ids=[" ".join(a) for a, _, _ in FLAG_ERRORS])
+def test_the_error_line_names_the_flags_typed(capsys, monkeypatch, tmp_path, argv, says, api_name):
+    """Where the API's message names an argument whose flag the user typed (``tp = 0``,
+    ``tensor_model_parallel_size must``, ``world_size (64)``, ``in strict_dims``), ``rankmesh plan``
+    prints the flag (``--tp 0``, ``--tp must``, ``--world-size 64``, ``in --strict``); the fix line
+    already speaks in flags."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    code, out, err = run(capsys, "plan", *argv)
+    assert code == 2, (out, err)
+    _assert_one_error_and_fix(err)
+    line = next(line for line in err.splitlines() if line.startswith("rankmesh plan: error: "))
+    assert says in line and api_name not in line, line
+
+
+# (argv after ``plan --world-size 64``, what the error line keeps of the API's message)
+KEPT = [
+    (["--dp-shard", "4"], "dp_replicate(1) * dp_shard(4) * cp(1) * tp(1) * pp(1) != WORLD_SIZE(64)"),  # a formula
+    (["--ep", "3"], "ep * etp = 3 * 1 = 3 must divide dp_shard * cp * tp = 64 * 1 * 1 = 64"),  # a formula
+    (["--tp", "128"], "error: dp_shard = -1 leaves no rank for FSDP: --world-size 64 is smaller"),  # not typed
+    (["--cp", "2", "--convention", "single"], "the single-mesh convention has no cp dim"),  # a dim, not the flag
+]
+
+
+@pytest.mark.parametrize("argv, kept", KEPT, ids=[" ".join(a) for a, _ in KEPT])
+def test_the_error_line_keeps_formulas_dims_and_values_not_typed(capsys, monkeypatch, argv, kept):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    code, _, err = run(capsys, "plan", *W64, *argv)
+    assert code == 2 and kept in err.splitlines()[0], err
+
+
+def test_flag_rendering_leaves_the_api_message_alone(capsys):
+    """The API's errors keep their argument names: only ``rankmesh plan`` prints flags."""
+    cases = [
+        (lambda: build_plan("torchtitan", 64, tp=0), ["--tp", "0"], "tp = 0", "--tp 0"),
+        (lambda: model_parallel_layout(64, tensor_model_parallel_size=0), ["--tp", "0", "--convention", "megatron"],
+         "tensor_model_parallel_size must be >= 1", "--tp must be >= 1"),
+        (lambda: as_rank(99, 64), ["--rank", "99"], "rank = 99 is out", "--rank 99 is out"),
+        (lambda: positive_int(0, "world_size"), [], "world_size must be >= 1", "--world-size must be >= 1"),
+    ]  # fmt: skip
+    for call, argv, api, cli in cases:
+        e = _api_error(call)
+        before = str(e)
+        typed = _typed(_parser().parse_args(["plan", *W64, *argv]))
+        assert api in before and cli in _flag_message(e, typed) and str(e) == before, (before, typed)
+        assert _flag_message(e, {}) == before  # no flag typed: the API's message as it is
+
+
+# -- flag values the API refuses: the CLI gives the API's own error (with the flags typed), never a default
 
 
 def _api_error(call) -> Exception:
@@ -345,7 +432,8 @@ def test_flags_the_api_refuses_give_the_apis_error(capsys, monkeypatch, tmp_path
     argv = ["plan", "--world-size", "0"] if argv is None else ["plan", "--world-size", "64", *argv]
     code, out, err = run(capsys, *argv)
     assert code == 2, (out, err)
-    assert f"rankmesh plan: error: {expected}\n" in err, (type(expected).__name__, err)
+    flagged = _flag_message(expected, _typed(_parser().parse_args(argv)))  # the API's message, flags for names
+    assert f"rankmesh plan: error: {flagged}\n" in err, (type(expected).__name__, err)
     _assert_one_error_and_fix(err)
     assert not list(tmp_path.iterdir())
 

@@ -14,7 +14,8 @@ computed from the layouts' modes, no torch needed), and where the groups sit on 
 ``--picture`` draws it (needs ``pip install 'rankmesh[plot]'``). Instead of a convention's
 degrees, ``--mesh`` (repeated) plans a job of disjoint meshes, each over part of the world, as
 ``init_device_mesh(..., ranks=range(START, STOP))`` builds them. Bad input exits with status 2,
-the error the API gives for the same value and a one-line fix. ``bench`` runs
+the error the API gives for the same value (naming the flags typed where it names their
+arguments: ``--tp 0``, not ``tp = 0``) and a one-line fix. ``bench`` runs
 :func:`rankmesh.bench.main`. Also available as ``python -m rankmesh``.
 """
 
@@ -24,7 +25,7 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -59,12 +60,21 @@ _WRITABLE = "pass a path you can write, e.g. --picture ./{name}"
 
 
 class BadInput(Exception):
-    """Invalid command-line input: a one-line message and a one-line fix (exit status 2)."""
+    """Invalid command-line input: a one-line message and a one-line fix (exit status 2). Made from
+    an API error (``BadInput(e, fix)``), its message is the error's, printed with the flags the user
+    typed for the arguments it names (:meth:`line`, :func:`_flag_message`)."""
 
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.message = " ".join(message.splitlines())
+    def __init__(self, message: str | RankmeshError, fix: str) -> None:
+        super().__init__(str(message))
+        self.error = message if isinstance(message, RankmeshError) else None
+        self.message = " ".join(str(message).splitlines())
         self.fix = fix
+
+    def line(self, typed: Mapping[str, Sequence[str]]) -> str:
+        """The message on one line; an API error's with the flags in ``typed`` (:func:`_typed`)."""
+        if self.error is None:
+            return self.message
+        return " ".join(_flag_message(self.error, typed).splitlines())
 
 
 # -----------------------------------------------------------------------------------------------
@@ -92,7 +102,16 @@ _FLAG = {
     "dim": "--dim",
     "convention": "--convention",
     "mesh": "--mesh",
+    "rank": "--rank",
+    "gpus_per_node": "--gpus-per-node",
+    "strict_dims": "--strict",
 }
+
+#: Argument names that stand for nothing else (no dim, factor of a formula or English word shares
+#: them): every mention of one whose flag the user typed is that flag. The others (tp is also a dim
+#: and a factor of ``dp_shard * cp * tp``, order a word) are the flag only where the message names
+#: the value typed or begins with the name (:func:`_flag_message`).
+_ONLY_ARGUMENTS = ("world_size", "gpus_per_node", "strict_dims")
 
 #: ``rankmesh plan --help``: how to write a job of disjoint meshes.
 _MESH_EPILOG = f"""\
@@ -104,6 +123,51 @@ a job of disjoint meshes (--mesh, repeated; instead of --tp/--pp/... and --conve
     rankmesh plan --world-size 16 --mesh students=0:8:dp=2,tp=4 --mesh teachers=8:16:dp=-1,tp=2 \\
         --rank 13 --picture kd.png
 """
+
+
+def _typed(a: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    """The flags on the command line, each with its value(s) as the API's messages print them
+    (``0``, ``'tp-dp'``); ``--rank`` always (0 when not given, a rank no message refuses)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for dest, value in vars(a).items():
+        if value is None or dest == "command":
+            continue
+        values = value if isinstance(value, list) else [value]
+        out["--" + dest.replace("_", "-")] = tuple(repr(v) if isinstance(v, str) else str(v) for v in values)
+    return out
+
+
+def _flag_message(e: RankmeshError, typed: Mapping[str, Sequence[str]]) -> str:
+    """The API error's message as ``rankmesh plan`` prints it: where it names an argument whose
+    flag the user typed (the error's ``field``, or a key of its ``ctx``), the flag. The value typed
+    after the name (``tp = 0``, ``cp=2``, ``world_size (60)``, ``world_size 60``, ``order 'tp-dp'``)
+    reads ``--tp 0``, ``--cp 2``, ``--world-size 60``, ``--order 'tp-dp'``; a message that begins
+    with the field (``tensor_model_parallel_size must be >= 1``) begins with its flag (``--tp``);
+    an argument of :data:`_ONLY_ARGUMENTS` is its flag wherever it is named. Unchanged: the factors
+    of a formula (``dp_shard * cp * tp = 64 * 1 * 1``), a value the user did not type (the default
+    ``dp_shard = -1``), an argument with no flag (``LOCAL_WORLD_SIZE``), and the error itself:
+    the API's message is only rendered here.
+
+        >>> from rankmesh.errors import RankOutOfRangeError
+        >>> e = RankOutOfRangeError("rank = 99 is out of range", field="rank", value=99)
+        >>> _flag_message(e, {"--rank": ("99",)}), _flag_message(e, {}), str(e)
+        ('--rank 99 is out of range', 'rank = 99 is out of range', 'rank = 99 is out of range')
+    """
+    text = str(e)
+    for name in dict.fromkeys([e.field, *e.ctx]):
+        flag = _FLAG.get(name)
+        if flag is None or flag not in typed:
+            continue
+        n = re.escape(name)
+        for value in typed[flag]:  # the name, then the value typed, outside a formula
+            v = re.escape(value)
+            text = re.sub(rf"(?<![\w.*-])(?<!\* ){n}(?: = |=| )({v})(?![\w.]| ?\*)", lambda m: f"{flag} {m[1]}", text)
+            text = re.sub(rf"(?<![\w.*-])(?<!\* ){n} \(({v})\)", lambda m: f"{flag} {m[1]}", text)
+        if name in _ONLY_ARGUMENTS:
+            text = re.sub(rf"(?<![\w.-]){n}(?!\w)", flag, text)
+        elif name == e.field:
+            text = re.sub(rf"^{n}(?= [\w'])", flag, text)
+    return text
 
 
 def _plan_fix(e: RankmeshError, convention: str, order_works: Callable[[str], bool] | None = None) -> str:
@@ -208,7 +272,7 @@ def _world_and_rank(a: argparse.Namespace) -> tuple[int, int]:
     try:
         world = positive_int(a.world_size, "world_size")
     except RankmeshError as e:
-        raise BadInput(str(e), "pass the number of ranks, e.g. --world-size 131072") from e
+        raise BadInput(e, "pass the number of ranks, e.g. --world-size 131072") from e
     if world > PLAN_LIMIT:
         why = "ranks are int32 in torch" if world > MAX_WORLD_SIZE else "plan prints whole groups"
         raise BadInput(
@@ -218,7 +282,7 @@ def _world_and_rank(a: argparse.Namespace) -> tuple[int, int]:
     try:
         rank = as_rank(a.rank, world, "rank")
     except RankmeshError as e:
-        raise BadInput(str(e), f"pass a --rank between 0 and {world - 1}") from e
+        raise BadInput(e, f"pass a --rank between 0 and {world - 1}") from e
     return world, rank
 
 
@@ -228,11 +292,11 @@ def _gpus_per_node(a: argparse.Namespace, world: int) -> tuple[int, str, str | N
         try:
             return positive_int(a.gpus_per_node, "gpus_per_node"), "flag", None
         except RankmeshError as e:
-            raise BadInput(str(e), "pass the ranks per node, e.g. --gpus-per-node 8") from e
+            raise BadInput(e, "pass the ranks per node, e.g. --gpus-per-node 8") from e
     try:
         env = gpus_per_node_from_env()  # topology's reading: unset -> None, invalid -> TopologyError
     except TopologyError as e:
-        raise BadInput(str(e), "set LOCAL_WORLD_SIZE to the GPUs per node, or unset it, or pass --gpus-per-node") from e
+        raise BadInput(e, "set LOCAL_WORLD_SIZE to the GPUs per node, or unset it, or pass --gpus-per-node") from e
     if env is not None:
         return env, "env", None
     gpn = DEFAULT_GPUS_PER_NODE
@@ -299,12 +363,6 @@ def _node_size_fix(gpn: int, gpn_source: str) -> str:
     return f"make --world-size a multiple of {gpn}, or pass the real --gpus-per-node"
 
 
-def _flagged(message: str) -> str:
-    """A job plan's error message with its flag for the argument name: the API names a spec
-    ``mesh 'students=0:8'``, the command line ``--mesh 'students=0:8'``."""
-    return re.sub(r"(?<![-\w])mesh (?=')", "--mesh ", message)
-
-
 def _job(a: argparse.Namespace, out: TextIO) -> int:
     """``rankmesh plan --mesh ... [--mesh ...]``: a job of disjoint meshes."""
     world, rank = _world_and_rank(a)
@@ -325,13 +383,13 @@ def _job(a: argparse.Namespace, out: TextIO) -> int:
         if a.dim is not None:
             job.find_dim(a.dim)  # before printing
     except RankmeshError as e:
-        raise BadInput(_flagged(str(e)), e.fix_text(_FLAG.get) or "see `rankmesh plan --help`") from e
+        raise BadInput(e, e.fix_text(_FLAG.get) or "see `rankmesh plan --help`") from e
     if gpn_note:
         job.notes.append(gpn_note)
     try:
         report = job_topology(job, rank, gpn)
     except RankmeshError as e:
-        raise BadInput(str(e), _node_size_fix(gpn, gpn_source)) from e
+        raise BadInput(e, _node_size_fix(gpn, gpn_source)) from e
     out.write(format_job_plan(job, rank, report))
     if a.picture is not None:
         from rankmesh._picture import draw_job_picture
@@ -362,6 +420,7 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
         if a.dim is not None:
             plan.find_dim(a.dim)  # before printing
     except RankmeshError as e:
+
         def order_works(order: str) -> bool:
             try:
                 build_plan(convention, world, **_degrees(a, order=order))
@@ -369,21 +428,21 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
                 return False
             return True
 
-        raise BadInput(str(e), _plan_fix(e, convention, order_works)) from e
+        raise BadInput(e, _plan_fix(e, convention, order_works)) from e
     if gpn_note:
         plan.notes.append(gpn_note)
 
     try:  # topology's own checks of the node size
         report = plan_topology(plan, rank, gpn)
     except RankmeshError as e:
-        raise BadInput(str(e), _node_size_fix(gpn, gpn_source)) from e
+        raise BadInput(e, _node_size_fix(gpn, gpn_source)) from e
     violation: TopologyError | None = None
     if strict is not None:
         try:  # topology's strict mode: unknown families at once, a violation after the plan is shown
             plan_topology(plan, rank, gpn, strict_dims=strict)
         except RankmeshError as e:
             if e.field.startswith("strict_dims"):  # an unknown family, or text that is no name
-                raise BadInput(str(e), "name the families to keep inside a node, e.g. --strict ep,cp") from e
+                raise BadInput(e, "name the families to keep inside a node, e.g. --strict ep,cp") from e
             if not isinstance(e, TopologyError):
                 raise
             violation = e
@@ -391,7 +450,7 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
     out.write(format_plan(plan, rank, report))
     if violation is not None:
         raise BadInput(
-            str(violation),
+            violation,
             f"keep {violation.field} inside a node (the fastest dim, with a size dividing --gpus-per-node {gpn}), "
             "or drop --strict",
         )
@@ -424,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _plan(args, sys.stdout)
     except BadInput as e:
         sys.stdout.flush()
-        sys.stderr.write(f"rankmesh plan: error: {e.message}\nfix: {e.fix}\n")
+        sys.stderr.write(f"rankmesh plan: error: {e.line(_typed(args))}\nfix: {e.fix}\n")
         return 2
 
 
