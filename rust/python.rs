@@ -610,6 +610,12 @@ impl PyMeshLayout {
         Ok(key.iter().map(|m| (m.size, m.stride)).collect())
     }
 
+    /// Whether index `i` is rank `i` of the job for every index (no rank map, no placement): O(1).
+    #[getter]
+    fn in_rank_order(&self) -> bool {
+        self.inner.world_arc().is_identity()
+    }
+
     /// The rank map as an int32 array, or None for the identity.
     fn rank_map<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<i32>>> {
         self.inner

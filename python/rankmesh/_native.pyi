@@ -90,6 +90,11 @@ class MeshLayout:
     def is_member(self, rank: _Int) -> bool:
         """Whether ``rank`` of the job is one of this layout's ranks (always, unless placed)."""
 
+    @property
+    def in_rank_order(self) -> bool:
+        """Whether index ``i`` is rank ``i`` of the job for every index: no rank map and no
+        placement (O(1); ``rank_map() is None`` copies a permuted world's map to answer)."""
+
     def world_layout(self) -> MeshLayout:
         """The 1-D ``"world"`` layout this layout derives from, O(1): the layout to build a
         :class:`~rankmesh.MeshBuilder` over, e.g. ``MeshBuilder(mesh.world_layout())``.

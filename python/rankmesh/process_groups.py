@@ -231,7 +231,8 @@ class MeshBuilder:
         self._rank = my_rank
         self._world_size = world_size
         self._default = dist.group.WORLD
-        self._in_rank_order = world.placement is None and world.rank_map() is None
+        self._in_rank_order = world.in_rank_order
+        self._root = world.world_layout()  # what every layout of this world derives from
         self._backend = str(dist.get_backend(self._default))
         self._split = getattr(self._default, "bound_device_id", None) is not None
         self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
@@ -547,15 +548,13 @@ class MeshBuilder:
         same = layout.world_size == self._world.world_size
         if layout.placement is not None:  # over part of the job: ranks of the default group
             same = layout.global_size == self._world_size
-        elif same:
-            mine, theirs = self._world.rank_map(), layout.rank_map()
-            if (mine is None) != (theirs is None) or (mine is not None and not np.array_equal(mine, theirs)):
-                same = False
+        elif same:  # the same world: O(1) when shared, else one rank-map comparison in Rust
+            same = layout.world_layout() == self._root
         if not same:
             raise DistributedStateError(
                 f"the layout {layout!r} is not over this builder's world "
                 f"(world_size={self._world.world_size}, "
-                f"rank_map={'identity' if self._world.rank_map() is None else 'a permutation'}); "
+                f"rank_map={'identity' if self._world.in_rank_order else 'a permutation'}); "
                 "derive every layout from the world given to MeshBuilder",
                 field="layout",
                 value=layout,

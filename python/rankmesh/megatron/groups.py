@@ -122,4 +122,4 @@ def device_mesh(
     """The caller's ``DeviceMesh`` over a generator's tokens ``dims``, slowest first, e.g.
     ``["pp", "dp-cp", "tp"]`` (see :meth:`RankGenerator.dims_layout`)."""
     layout = _whole_world(g).dims_layout(dims, names)
-    return FastDeviceMesh.from_layout(builder, layout, fake_dims=tuple(fake_dims))
+    return FastDeviceMesh.from_layout(builder, layout, fake_dims=fake_dims)
