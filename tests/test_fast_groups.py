@@ -139,6 +139,83 @@ def test_a_failed_check_warns_once_and_falls_back_to_torch(monkeypatch):
             fg.new_member_group(np.asarray([3], dtype=np.int32))  # no second warning
 
 
+def test_this_torchs_bodies_are_the_ones_rankmesh_reproduces():
+    """The allow-list holds this torch's release and body hashes (CI runs 2.13 and 2.15)."""
+    assert fg.bodies_unknown("new_group") is None
+    assert (fg.bodies_unknown("split_group") is None) == (fg.SPLIT_SHAPE is not None)
+
+
+@pytest.mark.parametrize("how", ["body", "release"])
+def test_an_unknown_body_or_release_warns_once_and_falls_back_to_torch(monkeypatch, how):
+    release = fg.torch_release()
+    if how == "body":
+        known = {**fg.KNOWN_BODIES["new_group"][release], "_new_group_with_tag": "0" * 16}
+        monkeypatch.setitem(fg.KNOWN_BODIES, "new_group", {release: known})
+        match = r"_new_group_with_tag has a body rankmesh does not know \(hash [0-9a-f]{16}\)"
+    else:
+        monkeypatch.setattr(fg, "torch_release", lambda: "9.99")
+        match = "is not a release rankmesh's new_group path is known for"
+    monkeypatch.setattr(fg, "_state", {})
+    monkeypatch.setattr(fg, "_warned", [])
+    monkeypatch.setattr(fg, "_create", lambda *a, **k: pytest.fail("rankmesh made a group despite the gate"))
+    with fake_world(8, 3):
+        with pytest.warns(RuntimeWarning, match=match):
+            pg = fg.new_member_group(np.asarray([1, 3], dtype=np.int32))
+        assert dist.get_process_group_ranks(pg) == [1, 3]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fg.new_member_group(np.asarray([3], dtype=np.int32))  # no second warning
+
+
+def test_rankmesh_disable_fast_groups_keeps_every_group_torchs_own(monkeypatch):
+    monkeypatch.setenv("RANKMESH_DISABLE", "concatenate, fast_groups")
+    monkeypatch.setattr(fg, "_create", lambda *a, **k: pytest.fail("rankmesh made a group while disabled"))
+    with fake_world(8, 3):
+        assert not fg.uses_fast_path(None) and not fg.uses_fast_split()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the user's choice: no warning
+            pg = fg.new_member_group(np.asarray([1, 3], dtype=np.int32))
+        assert dist.get_process_group_ranks(pg) == [1, 3]
+        monkeypatch.undo()
+        monkeypatch.setenv("RANKMESH_DISABLE", "concatenate")
+        assert fg.uses_fast_path(None)
+
+
+def test_a_table_only_torchs_call_writes_is_found(monkeypatch):
+    """The probe diffs every table of the registry, not a list: a table a future torch adds and
+    fills in new_group, which rankmesh's reproduction does not fill, fails the check."""
+    monkeypatch.setattr(c10d, "_rankmesh_future_table", {}, raising=False)
+    real = dist.new_group
+
+    def new_group(*args, **kwargs):
+        pg = real(*args, **kwargs)
+        c10d._rankmesh_future_table[pg] = "torch wrote this"
+        return pg
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    with fake_world(8, 3):
+        count = c10d._world.group_count
+        reason = fg._probe_reason(FAKE)
+        assert reason is not None and "c10d._rankmesh_future_table" in reason, reason
+        assert c10d._world.group_count == count  # the probe left no counter step behind
+
+
+def test_the_registry_diff_sees_writes_and_normalises_the_new_group():
+    before = {"c10d.t": {"a": 1}, "c10d.lst": {"": ["x"]}, "c10d.n": 3}
+    pg = object()
+    after = {"c10d.t": {"a": 1, pg: "ptd:NAME"}, "c10d.lst": {"": ["x", pg]}, "c10d.n": 4}
+    import unittest.mock as mock
+
+    with mock.patch.object(fg, "_registry", lambda: after), mock.patch.dict(c10d._world.pg_names, {pg: "NAME"}):
+        writes = fg._writes(before, pg)
+    assert writes == {
+        "c10d.t": [("'<group>'", "'ptd:<name>'")],
+        "c10d.lst": [("''", "('<appended>', '<group>')")],
+        "c10d.n": 1,
+    }
+    assert fg._writes_differing(writes, {**writes, "c10d.n": 2}) == ["c10d.n"]
+
+
 def test_native_group_name_equals_torchs_hash():
     with fake_world(64, 1):
         for ranks in ([1], [0, 1, 2], list(range(1, 64, 2))):
@@ -283,7 +360,8 @@ def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch):
     monkeypatch.setattr(fg, "c10d", _OtherTag())
     with bound_fake_world(8, 3) as default:
         count, groups = c10d._world.group_count, list(c10d._world.pg_names)
-        with pytest.warns(RuntimeWarning, match=r"registry entries differ from torch's: \['tag'\]"):
+        differ = r"registry entries differ from torch's: \['tag', '_world.pg_to_tag', '_world.tags_to_pg'\]"
+        with pytest.warns(RuntimeWarning, match=differ):
             assert not fg.uses_fast_split()
         assert (c10d._world.group_count, list(c10d._world.pg_names)) == (count, groups) == (count, [default])
         with warnings.catch_warnings():

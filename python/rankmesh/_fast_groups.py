@@ -21,20 +21,24 @@ those arguments, minus the work that cannot fail:
 
 Torch's own ``new_group`` runs instead, with the same arguments, whenever anything is not the
 plain case this reproduces: TorchComms, ``TORCH_DIST_INIT_BARRIER=1``, a default group bound to a
-device, a Python process group that makes its own subgroups, MPI, or a torch whose functions
-this module does not recognise. :func:`self_check` decides once per default group: it checks
-the private names this module uses, the naming scheme against torch's own
-``_hash_ranks_to_str``, and makes a one-rank ``fake`` probe group both ways, comparing every
-registry entry (then destroys both and winds the counter back, so the next group gets the name
-torch's own call would give it).
+device, a Python process group that makes its own subgroups, MPI, or a torch this module has
+not read. Each fast path is allow-listed by torch release plus the hash of every torch function
+body it reproduces (:data:`KNOWN_BODIES`; a patch release that changes a body fails the gate
+whatever its version says). :func:`self_check` decides once per default group: it checks the
+allow-list, the private names this module uses, the naming scheme against torch's own
+``_hash_ranks_to_str``, and makes a one-rank ``fake`` probe group both ways, comparing the
+group's own entries and everything each call wrote into c10d's registry: every table of
+``_world`` and every table global of ``distributed_c10d``, found by walking them, so a table a
+new torch adds is compared too (then destroys both and winds the counter back, so the next
+group gets the name torch's own call would give it).
 A failed check warns once and falls back to torch's calls.
 
 The ``split_group`` path (a default group bound to a device, e.g. NCCL eager init) is made the
 same way by :func:`split_member_group`: torch's ``split_group(split_ranks=[my_group])`` spends
 its per-member Python inverting the parent's rank table (O(W) for the default group), checking
 and searching the ranks, hashing the joined ranks, and building two lists and two dicts of the
-group. rankmesh reproduces the body of the one ``split_group`` it has read (torch 2.15; the
-names its body uses must match :data:`_SPLIT_NAMES` exactly), calling the backend's own
+group. rankmesh reproduces the body of the one ``split_group`` it has read (torch 2.15's, by
+release and body hash: :data:`KNOWN_BODIES`), calling the backend's own
 ``ProcessGroup.split_group`` with torch's hashed name and registering the child with torch's own
 ``HealthCheckHook``, ``_maybe_attach_flight_recorder`` and ``_register_pg_in_world``. Its start-up
 probe splits a one-rank ``fake`` parent both ways (local: no collective, no store keys) and
@@ -57,10 +61,14 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rankmesh._native import hashed_group_name
+from rankmesh._patch import body_unknown, disabled
 
 __all__ = [
+    "FAST_GROUPS",
+    "KNOWN_BODIES",
     "SCHEME",
     "SPLIT_SHAPE",
+    "bodies_unknown",
     "ensure_backend_registered",
     "group_device_types",
     "options_timeout",
@@ -75,6 +83,7 @@ __all__ = [
     "split_member_group",
     "split_non_member",
     "split_self_check",
+    "torch_release",
     "uses_fast_path",
     "uses_fast_split",
 ]
@@ -91,7 +100,64 @@ _FUNCTIONS = (
     "_use_torchcomms_enabled",
     "_resolve_process_group",
 )
+#: The name ``RANKMESH_DISABLE`` takes to keep rankmesh out of c10d's registry: every group is
+#: then torch's own ``new_group`` / ``split_group`` call.
+FAST_GROUPS = "fast_groups"
 _TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg", "group_count")
+
+#: The torch bodies each fast path reproduces, by torch release: the
+#: :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
+#: listed release whose bodies all hash as listed; anything else gets torch's own calls, after one
+#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources.)
+KNOWN_BODIES: dict[str, dict[str, dict[str, str]]] = {
+    "new_group": {
+        "2.13": {
+            "new_group": "47374139b94f2439",
+            "_new_group_with_tag": "611b36bbe829f9ab",
+            "_process_group_name": "7e6fc29384da5cd8",
+            "_hash_ranks_to_str": "0b18a6130bc29871",
+        },
+        "2.14": {
+            "new_group": "40b4162dab7111dd",
+            "_new_group_with_tag": "cb54f76632d7c2f8",
+            "_process_group_name": "710d483e6c074a3f",
+            "_hash_ranks_to_str": "6b4e40a881640221",
+        },
+        "2.15": {
+            "new_group": "3ce46582957e046d",
+            "_new_group_with_tag": "cb54f76632d7c2f8",
+            "_process_group_name": "710d483e6c074a3f",
+            "_hash_ranks_to_str": "6b4e40a881640221",
+        },
+    },
+    "split_group": {
+        "2.15": {
+            "split_group": "d2f90c7399463483",
+            "_process_group_name": "710d483e6c074a3f",
+            "_hash_ranks_to_str": "6b4e40a881640221",
+        },
+    },
+}
+
+
+def torch_release() -> str:
+    """``"2.15"`` for torch ``2.15.0+cu132``: the release :data:`KNOWN_BODIES` is keyed by."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def bodies_unknown(path: str) -> str | None:
+    """Why the ``path`` fast path (``"new_group"`` or ``"split_group"``) may not run on this torch
+    (its release is not listed in :data:`KNOWN_BODIES`, or a body it reproduces hashes to
+    something else), or None when it may."""
+    known = KNOWN_BODIES[path].get(torch_release())
+    if known is None:
+        listed = ", ".join(KNOWN_BODIES[path])
+        return f"torch {torch.__version__} is not a release rankmesh's {path} path is known for ({listed})"
+    for name, digest in known.items():
+        reason = body_unknown(f"torch.distributed.distributed_c10d.{name}", getattr(c10d, name, None), {digest})
+        if reason is not None:
+            return reason
+    return None
 
 
 def _scheme() -> str | None:
@@ -137,6 +203,9 @@ def _static_reason() -> str | None:
         return f"torch.distributed lacks {missing}"
     if SCHEME is None:
         return "torch's hashed group names use a salt rankmesh does not know"
+    unknown = bodies_unknown("new_group")
+    if unknown is not None:
+        return unknown
     for probe in ([0], [0, 1, 2, 3], [5, 17, 1024, 131071]):
         if c10d._hash_ranks_to_str(probe) != hashed_group_name(np.asarray(probe, dtype=np.int32), _salt()):
             return f"torch's _hash_ranks_to_str({probe}) differs from rankmesh's"
@@ -168,6 +237,104 @@ def _entries_differing(theirs: dist.ProcessGroup, ours: dist.ProcessGroup) -> li
     return sorted(k for k in a if a[k] != b.get(k))
 
 
+# -- every table a group creation may write -----------------------------------------------------
+
+
+def _registry() -> dict[str, Any]:
+    """Every table of c10d's registry, copied one level deep: each attribute of ``_world`` and
+    each property that answers a stored table (the same object on every read; views computed
+    afresh, such as ``pg_config_info``, are derived from these), and each dict, list, set or int
+    global of ``distributed_c10d``. Nothing is picked by hand: a table a new torch adds is in it."""
+    w = c10d._world
+    out: dict[str, Any] = {}
+    for n, attr in vars(type(w)).items():
+        if isinstance(attr, property):
+            try:
+                first, second = getattr(w, n), getattr(w, n)
+            except Exception:  # noqa: BLE001 - a property that cannot be read now holds no table
+                continue
+            if first is second or _is_table(first) and type(first) is int:
+                out[f"_world.{n}"] = first
+    out.update((f"_world.{n}", v) for n, v in vars(w).items())
+    out.update((f"c10d.{n}", v) for n, v in vars(c10d).items() if not n.startswith("__"))
+    return {k: _copy(v) for k, v in out.items() if _is_table(v)}
+
+
+def _is_table(v: Any) -> bool:
+    # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
+    return issubclass(type(v), (dict, list, set, int)) and type(v) is not bool
+
+
+def _copy(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: (type(x)(x) if isinstance(x, (dict, list, set)) else x) for k, x in v.items()}
+    return type(v)(v) if isinstance(v, (list, set)) else v
+
+
+def _normal(x: Any, pg: Any, name: str) -> Any:
+    """``x`` with the new group and its name replaced by placeholders and other objects by their
+    type, so that torch's and rankmesh's writes compare equal when they are the same writes."""
+    if x is pg:
+        return "<group>"
+    if isinstance(x, str):
+        return x.replace(name, "<name>") if name else x
+    if isinstance(x, (bool, int, float)) or x is None:
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_normal(y, pg, name) for y in x)
+    if isinstance(x, (set, frozenset)):
+        return sorted(repr(_normal(y, pg, name)) for y in x)
+    if isinstance(x, dict):
+        return sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in x.items())
+    if isinstance(x, datetime.timedelta):
+        return x
+    return type(x).__name__
+
+
+def _writes(before: dict[str, Any], pg: Any) -> dict[str, Any]:
+    """What making ``pg`` wrote into the registry since ``before`` (:func:`_registry`): per table,
+    the entries added or replaced, the items appended, or how far a counter moved."""
+    name = c10d._world.pg_names.get(pg, "")
+    after = _registry()
+    out: dict[str, Any] = {}
+    for table in sorted(before.keys() | after.keys()):
+        a, b = before.get(table), after.get(table)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed = []
+            for k, v in b.items():
+                if k not in a:
+                    changed.append((k, v))
+                elif isinstance(v, list) and isinstance(a[k], list) and v[: len(a[k])] == a[k]:
+                    if len(v) > len(a[k]):
+                        changed.append((k, ("<appended>", *v[len(a[k]) :])))
+                elif a[k] is not v and not _same(a[k], v):
+                    changed.append((k, v))
+            changed += [(k, "<removed>") for k in a if k not in b]
+            if changed:
+                out[table] = sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in changed)
+        elif isinstance(a, (list, set)) and isinstance(b, (list, set)):
+            if a != b:
+                out[table] = sorted(repr(_normal(x, pg, name)) for x in (b if isinstance(b, set) else b[len(a) :]))
+        elif isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                out[table] = b - a
+        elif a is not b:
+            out[table] = (type(a).__name__, type(b).__name__)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - e.g. arrays: compare as different, which is safe
+        return False
+
+
+def _writes_differing(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The registry tables torch's call and rankmesh's wrote differently (:func:`_writes`)."""
+    return sorted(t for t in theirs.keys() | ours.keys() if theirs.get(t) != ours.get(t))
+
+
 def _probe_reason(backend: str) -> str | None:
     """Make a one-rank probe group both ways and compare every registry entry."""
     register_fake_backend()
@@ -179,18 +346,18 @@ def _probe_reason(backend: str) -> str | None:
     start = w.group_count
     try:
         want_name = hashed_group_name(ranks, _salt())
-        count = w.group_count
+        count, before = w.group_count, _registry()
         theirs = dist.new_group([me], backend=backend, use_local_synchronization=True, group_desc="rankmesh_probe")
         made.append(theirs)
-        torch_step = w.group_count - count
+        torch_step, torch_writes = w.group_count - count, _writes(before, theirs)
         if w.pg_names[theirs] != want_name:
             return "rankmesh's name for torch's probe group differs from torch's"
-        count = w.group_count
+        count, before = w.group_count, _registry()
         ours = _create(ranks, [me], backend, None, None, "rankmesh_probe")
         made.append(ours)
         if w.group_count - count != torch_step:
             return "torch's group counter moves differently"
-        diff = _entries_differing(theirs, ours)
+        diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
         if diff:
             return f"the probe group's registry entries differ from torch's: {diff}"
     except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
@@ -224,7 +391,10 @@ def _warn_once(message: str) -> None:
 
 
 def uses_fast_path(backend: str | None) -> bool:
-    """Whether a member-only group on ``backend`` would be made by rankmesh right now."""
+    """Whether a member-only group on ``backend`` would be made by rankmesh right now (never
+    with ``RANKMESH_DISABLE=fast_groups``)."""
+    if disabled(FAST_GROUPS):
+        return False
     default = c10d._get_default_group()
     if default.bound_device_id is not None or c10d._use_torchcomms_enabled() or c10d._is_barrier_after_init() == 1:
         return False
@@ -295,31 +465,17 @@ def new_member_group(
 
 # -- the split_group path ----------------------------------------------------------------------
 
-#: The names the body of torch 2.15's ``split_group`` uses (``co_names``): the one split_group
-#: :func:`_split` reproduces. Any difference means a torch rankmesh has not read.
-_SPLIT_NAMES = frozenset(
-    """AssertionError Backend BackendConfig GroupMember HealthCheckHook NON_GROUP_MEMBER RuntimeError
-    ValueError _check_valid_timeout _device_types _ensure_backend_registered _get_backend
-    _get_default_group _get_default_timeout _maybe_attach_flight_recorder _parse_backend_string
-    _process_group_name _register_pg_in_world _use_torchcomms_enabled _world accelerator append
-    attach bound_device_id comm_split_count comms current_accelerator device enumerate get_comm
-    get_device_backend_map get_group_store group_desc group_name hasattr items len lower
-    pg_group_ranks pg_map rank set size split_group str supports_splitting torch type""".split()
-)
 _SPLIT_FUNCTIONS = ("_register_pg_in_world", "_maybe_attach_flight_recorder", "HealthCheckHook", "BackendConfig")
 _split_state: dict[int, bool] = {}  # id(default group) -> fast split usable
 
 
 def _split_shape() -> str | None:
-    fn = getattr(c10d, "split_group", None)
-    fn = getattr(fn, "__wrapped__", fn)  # torch wraps it in its _time_logger
-    code = getattr(fn, "__code__", None)
-    if code is None or frozenset(code.co_names) != _SPLIT_NAMES:
-        return None
-    return "2.15"
+    release = torch_release()
+    return release if release in KNOWN_BODIES["split_group"] else None
 
 
-#: Which torch ``split_group`` body :func:`split_member_group` reproduces here ("2.15"), or None.
+#: Which torch release's ``split_group`` :func:`split_member_group` reproduces here, or None
+#: (the bodies' hashes are checked once, by :func:`split_self_check`).
 SPLIT_SHAPE: str | None = _split_shape()
 
 
@@ -478,20 +634,20 @@ def _split_probe_reason() -> str | None:
     try:
         parent = dist.new_group([me], backend="fake", use_local_synchronization=True, group_desc="rankmesh_probe")
         made.append(parent)
-        count = w.group_count
+        count, before = w.group_count, _registry()
         theirs = dist.split_group(parent_pg=parent, split_ranks=[[0]], group_desc="rankmesh_probe_split")
         if not isinstance(theirs, dist.ProcessGroup):
             return "torch's split_group of the probe gave no group"
         made.append(theirs)
-        torch_step = w.group_count - count
-        count = w.group_count
+        torch_step, torch_writes = w.group_count - count, _writes(before, theirs)
+        count, before = w.group_count, _registry()
         ours = _split(parent, np.zeros(1, dtype=np.int32), [0], [me], None, None, "rankmesh_probe_split")
         if ours is None:
             return "rankmesh's split of the probe gave no group"
         made.append(ours)
         if w.group_count - count != torch_step:
             return "torch's group counter moves differently in split_group"
-        diff = _entries_differing(theirs, ours)
+        diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
         if diff:
             return f"the split probe group's registry entries differ from torch's: {diff}"
     except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
@@ -511,6 +667,8 @@ def split_self_check() -> bool:
     if key not in _split_state:
         if SPLIT_SHAPE is None:
             reason = f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces"
+        elif (reason := bodies_unknown("split_group")) is not None:
+            pass
         else:
             missing = [f for f in _SPLIT_FUNCTIONS if getattr(c10d, f, None) is None]
             reason = f"torch.distributed lacks {missing}" if missing else (_static_reason() or _split_probe_reason())
@@ -522,8 +680,9 @@ def split_self_check() -> bool:
 
 
 def uses_fast_split() -> bool:
-    """Whether :func:`split_member_group` would split the default group itself right now."""
-    if c10d._use_torchcomms_enabled():
+    """Whether :func:`split_member_group` would split the default group itself right now (never
+    with ``RANKMESH_DISABLE=fast_groups``)."""
+    if disabled(FAST_GROUPS) or c10d._use_torchcomms_enabled():
         return False
     default = c10d._get_default_group()
     table = c10d._world.pg_group_ranks.get(default)
