@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-exec python -m rankmesh.demo "$@"
+exec python -m rankmesh.bench.demo "$@"

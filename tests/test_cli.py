@@ -117,9 +117,9 @@ def test_plan_module_docstring_runs():
 
 def test_demo_abbreviates_groups_like_plan():
     """One abbreviation of a group: the demo prints format_group's."""
-    import rankmesh.demo
+    import rankmesh.bench.demo
 
-    assert rankmesh.demo.format_group is format_group
+    assert rankmesh.bench.demo.format_group is format_group
 
 
 # -- process-group count ------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The package's structure: imports inside ``rankmesh`` go one way, along the data path
 config → layout (Rust) → this rank's groups → process groups → DeviceMesh objects → convention.
+The benchmark code (``rankmesh.bench``: benchmarks, workloads, demo) sits apart: it may import
+anything, and nothing on the data path imports it.
 
 Read from the source of the package under test (the installed wheel in CI), by ``ast``: every
 ``import`` of a ``rankmesh`` module counts, at module level or inside a function (a lazy import
@@ -199,6 +201,59 @@ def test_the_rule_check_finds_a_torch_import_behind_another_module():
     assert rule_violations(graph, {"rankmesh.topology": {"torch"}}) == {"rankmesh.topology": ["rankmesh.topology"]}
 
 
+# -- the benchmark code sits apart from the data path ---------------------------------------------
+
+BENCH = "rankmesh.bench"
+#: The only modules outside rankmesh.bench that may import it: the command line, which hands
+#: ``bench ...`` to it lazily (``python -m rankmesh`` is the command line).
+BENCH_ENTRIES = ("rankmesh.cli", "rankmesh.__main__")
+
+
+def _in_bench(module: str) -> bool:
+    return module == BENCH or module.startswith(BENCH + ".")
+
+
+def _named_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The rankmesh modules a file names in a string of its own (a ``lazy_getattr`` table, an
+    ``importlib.import_module`` argument): imports no ``import`` statement shows."""
+    tree = ast.parse(path.read_text(), str(path))
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in modules}
+
+
+def bench_importers(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """For each module outside rankmesh.bench and its entries, the rankmesh.bench modules it imports."""
+    out = {}
+    for name, deps in graph.items():
+        if _in_bench(name) or name in BENCH_ENTRIES:
+            continue
+        bad = sorted(m for m in deps if _in_bench(m))
+        if bad:
+            out[name] = bad
+    return out
+
+
+def test_nothing_on_the_data_path_imports_the_benchmarks():
+    modules = _modules()
+    graph = {name: deps | (_named_modules(modules[name], modules) - {name}) for name, deps in import_graph().items()}
+    assert {f"{BENCH}.workloads", f"{BENCH}.titan_workloads", f"{BENCH}.demo"} <= set(graph)
+    assert {BENCH, f"{BENCH}.model"} <= graph["rankmesh.cli"]  # the check sees the command line's lazy imports
+    assert bench_importers(graph) == {}
+
+
+def test_the_bench_check_finds_an_import_of_the_benchmarks():
+    graph = {
+        "rankmesh.cli": {BENCH, f"{BENCH}.model"},
+        f"{BENCH}.model": {"rankmesh.mesh", f"{BENCH}.workloads"},
+        f"{BENCH}.workloads": {"rankmesh.mesh"},
+        "rankmesh.mesh": {"rankmesh.process_groups"},
+        "rankmesh.process_groups": set(),
+    }
+    assert bench_importers(graph) == {}
+    graph["rankmesh.mesh"] = {"rankmesh.process_groups", f"{BENCH}.workloads"}
+    graph["rankmesh.benchmarks"] = {BENCH}  # a name that merely starts like it is not inside it
+    assert bench_importers(graph) == {"rankmesh.mesh": [f"{BENCH}.workloads"], "rankmesh.benchmarks": [BENCH]}
+
+
 # -- private torch state: touched in two named modules, each checked at start-up -----------------
 
 # rankmesh._torch_compat (DeviceMesh, the layout algebra) and rankmesh._fast_groups (c10d's group
@@ -208,7 +263,7 @@ PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups"}
 PRIVATE_ELSEWHERE = {
     # clear_dtensor_caches empties DTensor's sharding and redistribution caches between benchmark
     # runs, each through getattr (a cache torch renames is skipped); no group or mesh depends on it.
-    "rankmesh.workloads": {
+    "rankmesh.bench.workloads": {
         "from torch.distributed.tensor import _collective_utils",
         "from torch.distributed.tensor import _redistribute",
         "from torch.distributed.tensor.debug import _clear_sharding_prop_cache",

@@ -1,6 +1,7 @@
-"""torchtitan 0.3.0's own parallelisation (rankmesh._titan_workloads) on stock torch's meshes and
-under ``rankmesh.torchtitan.accelerate()``: Llama3 8B's shape for every ``spmd_backend``, a MoE
-model with ep = tp = 8 (``efsdp`` has the ranks of ``fsdp``) and the pipeline split with pp = 4.
+"""torchtitan 0.3.0's own parallelisation (rankmesh.bench.titan_workloads) on stock torch's meshes
+and under ``rankmesh.torchtitan.accelerate()``: Llama3 8B's shape for every ``spmd_backend``, a
+MoE model with ep = tp = 8 (``efsdp`` has the ranks of ``fsdp``) and the pipeline split with
+pp = 4.
 
 - The parameters' placements, mesh names, mesh shapes, global and local shapes, and every 1-D
   mesh torchtitan hands out (its ranks and backend), equal stock's (2^12 ranks, two ranks).
@@ -17,8 +18,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
 import torch.distributed as dist  # noqa: E402
-from rankmesh import _titan_workloads as tw  # noqa: E402
 from rankmesh import _torch_compat  # noqa: E402
+from rankmesh.bench import titan_workloads as tw  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Time to a parallelised model (rankmesh.workloads) on the fake backend, one process per rank.
+"""Time to a parallelised model (rankmesh.bench.workloads) on the fake backend, one process per rank.
 
 - At 2^20 ranks, after each workload, nothing world-sized was built: rankmesh's meshes made no
   rank-map tensor, no W-long ``_flatten_rank_map`` tuple and no Python hash of one
@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 from rankmesh import _torch_compat  # noqa: E402
-from rankmesh import workloads as wl  # noqa: E402
+from rankmesh.bench import workloads as wl  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 

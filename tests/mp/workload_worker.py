@@ -2,9 +2,9 @@
 tests.mp.workload_worker`` from the repository root, 8 ranks, gloo on CPU; see
 tests/test_workloads_mp.py).
 
-Every rank runs :func:`rankmesh.workloads.train_step` (FSDP2 + TP, one AdamW step on real CPU
-tensors: dp_replicate 2 x fsdp 2 x tp 2) twice in the same gloo job: on stock torch's meshes and
-on rankmesh's. Checks, one JSON line each (``<out>/rank<r>.jsonl``):
+Every rank runs :func:`rankmesh.bench.workloads.train_step` (FSDP2 + TP, one AdamW step on real
+CPU tensors: dp_replicate 2 x fsdp 2 x tp 2) twice in the same gloo job: on stock torch's meshes
+and on rankmesh's. Checks, one JSON line each (``<out>/rank<r>.jsonl``):
 
 - ``step``: the loss, every gradient (``full_tensor()``) and every updated parameter of the two
   runs are equal, and so are the parameters' placements, mesh names and mesh ranks;
@@ -75,7 +75,7 @@ def main() -> None:
     rec = Recorder(args.out, rank)
     rec.write("start", True, world=world)
 
-    from rankmesh.workloads import train_step
+    from rankmesh.bench.workloads import train_step
 
     try:
         stock = _snapshot(train_step("torch", world, **DEGREES))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from rankmesh.workloads import Run, _fake_world
+from rankmesh.bench.workloads import Run, fake_world
 
 __all__ = ["MIN_WORLD", "WORKLOADS", "megatron_fsdp"]
 
@@ -38,7 +38,7 @@ def megatron_fsdp(
     from rankmesh.megatron import fsdp
 
     run = Run()
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         try:
             with run.phase("mesh"):
                 rm.initialize_model_parallel(

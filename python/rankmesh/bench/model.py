@@ -1,7 +1,7 @@
 """Benchmark: time to a parallelised model, stock torch vs rankmesh, side by side in one run.
 
-``rankmesh bench model`` runs each workload of :mod:`rankmesh.workloads` (and, with torchtitan
-0.3.0 installed, :mod:`rankmesh._titan_workloads`; with megatron-core 0.16,
+``rankmesh bench model`` runs each workload of :mod:`rankmesh.bench.workloads` (and, with
+torchtitan 0.3.0 installed, :mod:`rankmesh.bench.titan_workloads`; with megatron-core 0.16,
 :mod:`rankmesh.bench.megatron_fsdp`) for one rank, ``W/2 + 3``, of worlds 2^12, 2^17 and 2^20 on
 the fake backend, once on stock torch's meshes and once on rankmesh's, in a fresh process per
 measurement, twice in that process:
@@ -47,13 +47,13 @@ PHASES = ("mesh", "model", "parallelise", "step")
 
 
 def _workloads() -> dict:
-    from rankmesh import workloads
+    from rankmesh.bench import workloads
 
     out = dict(workloads.WORKLOADS)
     if importlib.util.find_spec("torchtitan") is not None:
-        from rankmesh import _titan_workloads
+        from rankmesh.bench import titan_workloads
 
-        out.update(_titan_workloads.WORKLOADS)
+        out.update(titan_workloads.WORKLOADS)
     if importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("einops") is not None:
         from rankmesh.bench import megatron_fsdp
 
@@ -62,7 +62,7 @@ def _workloads() -> dict:
 
 
 def _min_world(name: str) -> int:
-    from rankmesh import workloads
+    from rankmesh.bench import workloads
 
     if name.startswith("megatron_fsdp"):
         from rankmesh.bench import megatron_fsdp
@@ -72,9 +72,9 @@ def _min_world(name: str) -> int:
 
 
 def _titan_min_world(name: str) -> int:
-    from rankmesh import _titan_workloads
+    from rankmesh.bench import titan_workloads
 
-    return _titan_workloads.MIN_WORLD[name]
+    return titan_workloads.MIN_WORLD[name]
 
 
 def _import_everything(name: str) -> None:
@@ -87,12 +87,12 @@ def _import_everything(name: str) -> None:
         "torch.distributed.tensor.parallel",
         "torch.distributed.fsdp",
         "rankmesh.mesh",
-        "rankmesh.workloads",
+        "rankmesh.bench.workloads",
         "rankmesh.torchtitan",
     ]
     if name.startswith("titan_"):
         mods += [
-            "rankmesh._titan_workloads",
+            "rankmesh.bench.titan_workloads",
             "torchtitan.distributed.parallel_dims",
             "torchtitan.models.llama3",
             "torchtitan.models.deepseek_v3",

@@ -10,8 +10,8 @@
 Every figure is the first call, what a trainer waits for (it builds its meshes once per process):
 the modules are imported before timing; nothing is warmed up.
 
-    python -m rankmesh.demo                       # W = 131072, rank 0
-    python -m rankmesh.demo --world-size 1048576 --rank 777 --no-stock
+    python -m rankmesh.bench.demo                 # W = 131072, rank 0
+    python -m rankmesh.bench.demo --world-size 1048576 --rank 777 --no-stock
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rankmesh.plan import format_group
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m rankmesh.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m rankmesh.bench.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--world-size", type=int, default=131072)
     p.add_argument("--rank", type=int, default=0)

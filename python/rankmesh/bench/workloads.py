@@ -26,7 +26,7 @@ workload trains, ``step`` (forward, backward, optimizer step).
   builds these with ``init_device_mesh`` over the first ranks or ``DeviceMesh(mesh=subset)``.
   Their shard groups have a fixed size (HSDP), as :func:`fsdp_tp`'s: FSDP2 itself makes one empty
   tensor per shard rank per parameter, a cost of the shard group's size, not of the mesh.
-- torchtitan 0.3.0's own parallelisation (:mod:`rankmesh._titan_workloads`): Llama3 8B's shape
+- torchtitan 0.3.0's own parallelisation (:mod:`rankmesh.bench.titan_workloads`): Llama3 8B's shape
   for every ``spmd_backend``, a MoE model with ep > 1, and the pipeline split with pp > 1.
 
 Example (a 64-rank world seen from rank 35: tp 4, fsdp 8, so dp_replicate 2; two blocks)::
@@ -59,6 +59,7 @@ __all__ = [
     "compile_block",
     "distill",
     "ep_per_stage",
+    "fake_world",
     "rl_split",
     "fsdp_tp",
     "mesh_init",
@@ -122,9 +123,10 @@ def clear_dtensor_caches() -> None:
 
 
 @contextlib.contextmanager
-def _fake_world(world: int, rank: int | None) -> Iterator[None]:
+def fake_world(world: int, rank: int | None) -> Iterator[None]:
     """A fake-backend world for ``rank`` (when given; None: the caller's world is used), with
-    cold DTensor caches."""
+    cold DTensor caches; destroyed on exit. Every workload of ``rankmesh bench model`` runs in one
+    (:func:`rankmesh._fast_groups.init_fake_world`, the one place the fake backend is set up)."""
     clear_dtensor_caches()
     if rank is None:
         yield
@@ -196,7 +198,7 @@ def fsdp_tp(
     ``rank``: make a fake world for that rank first (and destroy it after); None: use the
     caller's default group."""
     run = Run()
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         _dp_tp_meshes(run, impl, world, tp, fsdp)
         _parallelise_on_meta(run, blocks, dim, hidden, run.meshes["tp"], run.meshes["dp"])
     return run
@@ -222,7 +224,7 @@ def train_step(
     import torch
 
     run = Run()
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         _dp_tp_meshes(run, impl, world, tp, fsdp)
         with run.phase("parallelise"):
             torch.manual_seed(seed)
@@ -249,7 +251,7 @@ def compile_block(impl: str, world: int, *, rank: int | None = None, tp: int = 8
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     run = Run()
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         _dp_tp_meshes(run, impl, world, tp, fsdp)
         with run.phase("parallelise"):
             torch.manual_seed(0)
@@ -299,7 +301,7 @@ def distill(
     run = Run()
     half = world // 2
     shape, names = (half // (fsdp * tp), fsdp, tp), ("dp_replicate", "fsdp", "tp")
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         with run.phase("mesh"):
             students = subset_mesh(impl, shape, names, range(0, half))
             teachers = subset_mesh(impl, shape, names, range(half, world))
@@ -328,7 +330,7 @@ def rl_split(
 
     run = Run()
     actor_n = world // 4
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         with run.phase("mesh"):
             actor = subset_mesh(
                 impl, (actor_n // (fsdp * tp), fsdp, tp), ("dp_replicate", "fsdp", "tp"), range(0, actor_n)
@@ -369,7 +371,7 @@ def ep_per_stage(
     run = Run()
     per = world // pp
     shape, names = (per // (edp * ep), edp, ep), ("edp_replicate", "edp", "ep")
-    with _fake_world(world, rank):
+    with fake_world(world, rank):
         with run.phase("mesh"):
             stages = [subset_mesh(impl, shape, names, range(s * per, (s + 1) * per)) for s in range(pp)]
             mine = next(m for m in stages if m.get_coordinate() is not None)

@@ -1,4 +1,4 @@
-"""torchtitan 0.3.0's own parallelisation as workloads of :mod:`rankmesh.workloads` (needs
+"""torchtitan 0.3.0's own parallelisation as workloads of :mod:`rankmesh.bench.workloads` (needs
 ``pip install torchtitan==0.3.0``): one rank, the meta device, torch's ``fake`` backend.
 
 Each runs the steps of torchtitan's ``Trainer.__init__`` up to the parallelised model, in its
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rankmesh.workloads import Run, _fake_world, clear_dtensor_caches
+from rankmesh.bench.workloads import Run, clear_dtensor_caches, fake_world
 
 __all__ = ["BACKENDS", "MIN_WORLD", "WORKLOADS", "param_summary", "run_titan"]
 
@@ -90,7 +90,7 @@ def run_titan(impl: str, world: int, config: Any, *, rank: int | None = None) ->
     run = Run()
     torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed does
     accel = rt.accelerate() if impl == "rankmesh" else contextlib.nullcontext()
-    with accel, _fake_world(world, rank):
+    with accel, fake_world(world, rank):
         if impl == "rankmesh" and not accel.active:
             raise RuntimeError(f"rankmesh.torchtitan.accelerate() is not active: {accel.reason}")
         spec = config.model_spec
