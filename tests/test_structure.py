@@ -135,6 +135,7 @@ def test_process_groups_sit_below_the_meshes():
 RULE_MODULES = (
     "rankmesh.errors",
     "rankmesh._check",
+    "rankmesh._dependencies",
     "rankmesh._groups",
     "rankmesh.single",
     "rankmesh.topology",

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import _torch_compat
+from rankmesh import _dependencies, _torch_compat
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
@@ -304,8 +304,9 @@ def test_build_after_restore_is_stock():
 
 def test_unknown_torchtitan_version_warns_once_and_leaves_torch(monkeypatch):
     monkeypatch.setattr(rt, "installed_version", lambda: "0.9.9")
-    monkeypatch.setattr(rt, "_warned", set())
-    with pytest.warns(RuntimeWarning, match=r"torchtitan 0\.9\.9 is not a version rankmesh has been tested"):
+    monkeypatch.setattr(_dependencies, "_warned", set())
+    unread = r"torchtitan 0\.9\.9 is not a version rankmesh has read \(supported: 0\.3\.0\)"
+    with pytest.warns(RuntimeWarning, match=unread):
         acc = rt.accelerate()
     assert not acc.active and "0.9.9" in acc.reason
     assert tpd.init_device_mesh is torch_init_device_mesh

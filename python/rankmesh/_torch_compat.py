@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import re
 import threading
-import warnings
 
 import torch
 
@@ -63,6 +62,8 @@ from torch.distributed._mesh_layout import _FlatLayout as FlatLayout
 from torch.distributed._mesh_layout import _MeshLayout as TorchMeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import _normalize_backend_override as normalize_backend_override
+
+from rankmesh._dependencies import DEPENDENCIES, warn_unsupported
 
 #: ``ProcessGroup.Options`` of c10d's backend class, as torch's device_mesh imports it.
 C10dOptions = _C10dBackend.Options
@@ -85,13 +86,13 @@ __all__ = [
     "native_tuple_hash_ok",
 ]
 
-#: torch (major, minor) versions the fast meshes are tested on.
-SUPPORTED: tuple[tuple[int, int], ...] = ((2, 13), (2, 14), (2, 15))
-
-
 def _parse(version: str) -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", version)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+#: torch (major, minor) versions the fast meshes are tested on (:mod:`rankmesh._dependencies`).
+SUPPORTED: tuple[tuple[int, int], ...] = tuple(_parse(r) for r in DEPENDENCIES["torch"].releases)
 
 
 TORCH_VERSION: tuple[int, int] = _parse(torch.__version__)
@@ -304,7 +305,7 @@ def _self_check() -> str | None:
     """Why the fast meshes cannot be used on this torch, or None when they can."""
     if TORCH_VERSION not in SUPPORTED:
         return (
-            f"torch {torch.__version__} is not one rankmesh's fast DeviceMesh was tested on "
+            f"torch {torch.__version__} is not a version rankmesh has read "
             f"(supported: {', '.join(f'{a}.{b}' for a, b in SUPPORTED)})"
         )
     missing = [m for m in _REQUIRED_METHODS if not callable(getattr(DeviceMesh, m, None))]
@@ -351,10 +352,10 @@ def fast_meshes_available() -> bool:
         reason = _self_check()
         _state["ok"] = reason is None
         if reason is not None:
-            warnings.warn(
-                f"rankmesh: {reason}; falling back to torch's own DeviceMesh construction "
-                "(correct, but O(world size) per mesh). Install a supported torch to get the fast path.",
-                RuntimeWarning,
-                stacklevel=3,
+            warn_unsupported(
+                "torch",
+                reason,
+                "falling back to torch's own DeviceMesh construction (correct, but O(world size) per mesh)",
+                stacklevel=4,
             )
     return bool(_state["ok"])

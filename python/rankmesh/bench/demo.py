@@ -127,13 +127,12 @@ def main(argv: list[str] | None = None) -> int:
 def _model(world: int, *, stock: bool) -> int:
     """Part 2: time to a parallelised model on torchtitan's default backend, each side in a fresh
     process (the first call; imports excluded)."""
-    import importlib.util
-
+    from rankmesh._dependencies import available
     from rankmesh.bench.meshes import _fmt_s
     from rankmesh.bench.model import _run_worker
 
     name = "titan_llama3_spmd_types"
-    if importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("spmd_types") is None:
+    if not (available("torchtitan") and available("spmd_types")):
         print("\n(time to a parallelised model: needs torchtitan 0.3.0 and spmd_types; not installed, skipped)")
         return 0
     print(

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -54,6 +53,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from rankmesh._dependencies import available
 
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
@@ -517,12 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--worlds: sizes must be between 2^8 and 2^30 for this config, got {bad}")
     impls, recipes, paths = args.impl or list(IMPLS), args.recipe or list(RECIPES), args.path or list(PATHS)
-    if "torchtitan" in recipes and importlib.util.find_spec("torchtitan") is None:
+    if "torchtitan" in recipes and not available("torchtitan"):
         if args.recipe:
             p.error("--recipe torchtitan needs torchtitan 0.3.0 installed (pip install torchtitan==0.3.0)")
         recipes.remove("torchtitan")
         print("torchtitan is not installed: skipping the torchtitan recipe", file=sys.stderr)
-    if "megatron" in recipes and importlib.util.find_spec("megatron") is None:
+    if "megatron" in recipes and not available("megatron-core"):
         if args.recipe:
             p.error("--recipe megatron needs megatron-core 0.16 installed (pip install 'megatron-core>=0.16,<0.17')")
         recipes.remove("megatron")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rankmesh._dependencies import available
 from rankmesh.bench.meshes import _fmt_s, _peak_rss_mb, _reset_peak_rss, _rss_mb, machine, parse_worlds, results_dir
 
 IMPLS = ("torch", "rankmesh")
@@ -50,11 +50,11 @@ def _workloads() -> dict:
     from rankmesh.bench import workloads
 
     out = dict(workloads.WORKLOADS)
-    if importlib.util.find_spec("torchtitan") is not None:
+    if available("torchtitan"):
         from rankmesh.bench import titan_workloads
 
         out.update(titan_workloads.WORKLOADS)
-    if importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("einops") is not None:
+    if available("megatron-core") and available("einops"):
         from rankmesh.bench import megatron_fsdp
 
         out.update(megatron_fsdp.WORKLOADS)

@@ -37,6 +37,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from rankmesh._dependencies import unsupported
 from rankmesh._patch import Patch, body_unknown
 
 __all__ = [
@@ -107,11 +108,9 @@ def unknown(original: Any) -> str | None:
     """None when ``original`` (``FullyShardedDataParallel._init_dist_index``) and the helpers of its
     module are the megatron-core code rankmesh was written against and ``rankmesh.mesh.from_group``
     exists; else why not (a version, a changed body, a missing helper)."""
-    from rankmesh.megatron.parallel_state import megatron_core_version
-
-    version = megatron_core_version()
-    if version not in KNOWN_VERSIONS:
-        return f"megatron-core {version} is not a version rankmesh knows ({', '.join(KNOWN_VERSIONS)})"
+    reason = unsupported("megatron-core", KNOWN_VERSIONS)
+    if reason is not None:
+        return reason
     fn = getattr(original, "__func__", original)
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     if module is None:

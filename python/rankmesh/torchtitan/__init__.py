@@ -51,13 +51,16 @@ from __future__ import annotations
 
 import threading
 import warnings
-from importlib import metadata
 from types import ModuleType, TracebackType
+
+from rankmesh._dependencies import DEPENDENCIES, available, unsupported, warn_unsupported
+from rankmesh._dependencies import version as dependency_version
 
 __all__ = ["SUPPORTED_VERSIONS", "Acceleration", "accelerate", "restore", "is_accelerated", "installed_version"]
 
-#: torchtitan releases whose ``ParallelDims.build_mesh`` rankmesh has read and tests against.
-SUPPORTED_VERSIONS: tuple[str, ...] = ("0.3.0",)
+#: torchtitan releases whose ``ParallelDims.build_mesh`` rankmesh has read and tests against
+#: (:mod:`rankmesh._dependencies`, where every optional dependency's versions live).
+SUPPORTED_VERSIONS: tuple[str, ...] = DEPENDENCIES["torchtitan"].releases
 
 _TARGET_MODULE = "torchtitan.distributed.parallel_dims"
 _TARGET_NAME = "init_device_mesh"
@@ -127,9 +130,7 @@ def _unpatch() -> None:
 def _install_le() -> bool:
     """Install spmd_types' ``MeshAxis.__le__`` patch where spmd_types is installed; whether this
     call put it in (False when it was already in, is disabled, or is not recognised)."""
-    import importlib.util
-
-    if importlib.util.find_spec("spmd_types") is None:
+    if not available("spmd_types"):
         return False
     from rankmesh.torchtitan import spmd_axis
 
@@ -147,10 +148,7 @@ def restore() -> None:
 
 def installed_version() -> str | None:
     """The installed torchtitan's version, or None when it is not installed."""
-    try:
-        return metadata.version("torchtitan")
-    except metadata.PackageNotFoundError:
-        return None
+    return dependency_version("torchtitan")
 
 
 def is_accelerated() -> bool:
@@ -185,21 +183,17 @@ def accelerate() -> Acceleration:
     """
     global _patched, _installed_le
     version = installed_version()
-    if version is None:
-        _warn_once(
-            "missing",
-            "rankmesh.torchtitan.accelerate(): torchtitan is not installed; nothing to accelerate "
-            f"(supported: torchtitan {', '.join(SUPPORTED_VERSIONS)})",
-        )
-        return Acceleration("torchtitan is not installed")
-    if version not in SUPPORTED_VERSIONS:
-        _warn_once(
-            version,
-            f"rankmesh.torchtitan.accelerate(): torchtitan {version} is not a version rankmesh has "
-            f"been tested with (supported: {', '.join(SUPPORTED_VERSIONS)}); torchtitan keeps "
-            "torch's own DeviceMesh path. Install a supported torchtitan to accelerate it",
-        )
-        return Acceleration(f"torchtitan {version} is not supported")
+    reason = (
+        unsupported("torchtitan")
+        if version is None
+        else None
+        if DEPENDENCIES["torchtitan"].supports(version)
+        else f"torchtitan {version} is not a version rankmesh has read (supported: {', '.join(SUPPORTED_VERSIONS)})"
+    )
+    if reason is not None:
+        what = "nothing to accelerate" if version is None else "torchtitan keeps torch's own DeviceMesh path"
+        warn_unsupported("torchtitan", reason, f"rankmesh.torchtitan.accelerate(): {what}")
+        return Acceleration(reason)
 
     import importlib
 

@@ -29,12 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rankmesh._dependencies import DEPENDENCIES, unsupported
+from rankmesh._dependencies import version as dependency_version
 from rankmesh._patch import Patch, body_unknown
 
 __all__ = ["COUNTS", "KNOWN_BODY_HASHES", "KNOWN_VERSIONS", "contains", "make_le", "unknown"]
 
 #: spmd_types releases whose ``MeshAxis.__le__`` rankmesh has read (one body in all four).
-KNOWN_VERSIONS: tuple[str, ...] = ("0.2.3", "0.2.4", "0.3.0", "0.3.1")
+KNOWN_VERSIONS: tuple[str, ...] = DEPENDENCIES["spmd_types"].releases
 
 #: :func:`rankmesh._patch.source_hash` of that ``__le__``, the same in every version above.
 KNOWN_BODY_HASHES: frozenset[str] = frozenset({"a7be55d60579d6bb"})
@@ -128,14 +130,10 @@ def make_le(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 def unknown(original: Any) -> str | None:
     """None when ``original`` is the ``MeshAxis.__le__`` rankmesh was written against (a version
     in :data:`KNOWN_VERSIONS` and a body in :data:`KNOWN_BODY_HASHES`), else why it is not."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version("spmd_types")
-    except metadata.PackageNotFoundError:
-        return "spmd_types has no package metadata"
-    if version not in KNOWN_VERSIONS:
-        return f"spmd_types {version} is not a version rankmesh has read"
+    reason = unsupported("spmd_types", KNOWN_VERSIONS)
+    if reason is not None:
+        return reason
+    version = dependency_version("spmd_types")
     return body_unknown(f"spmd_types {version}'s MeshAxis.__le__", original, KNOWN_BODY_HASHES)
 
 

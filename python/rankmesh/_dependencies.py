@@ -1,0 +1,148 @@
+"""Every package rankmesh reads beyond numpy, the versions it has read, and one policy for the rest
+(polars' ``dependencies.py`` habit).
+
+The policy, the same for each:
+
+- **not installed**: the feature that needs it raises ``ImportError`` naming the pip extra (or,
+  for an accelerator such as ``rankmesh.torchtitan.accelerate()``, warns once and does nothing);
+- **installed at a version rankmesh has not read**: one ``RuntimeWarning`` per package and
+  version, and the framework's own code runs unchanged (stock speed, never a wrong answer).
+
+:func:`report` says what is installed and whether rankmesh has read it::
+
+    >>> DEPENDENCIES["megatron-core"].supports("0.16.1"), DEPENDENCIES["megatron-core"].supports("0.17.0")
+    (True, False)
+    >>> DEPENDENCIES["torch"].supports("2.15.0+cu132")
+    True
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["DEPENDENCIES", "Dependency", "version", "available", "unsupported", "warn_unsupported", "report"]
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """One package: its distribution and import names, the releases rankmesh has read (a release
+    matches every version that starts with it: ``"0.16"`` holds ``0.16.1``, ``"0.3.0"`` only
+    ``0.3.0`` and its local builds), the pip extra that installs it, and what rankmesh does with it."""
+
+    distribution: str
+    module: str
+    releases: tuple[str, ...]
+    extra: str | None
+    used_for: str
+
+    def supports(self, version: str) -> bool:
+        """Whether ``version`` is one of :attr:`releases` (pre-releases and local builds of a
+        release count as it)."""
+        try:
+            release = Version(version).release
+        except InvalidVersion:
+            return False
+        for r in self.releases:
+            want = Version(r).release
+            if release[: len(want)] == want:
+                return True
+        return False
+
+    @property
+    def supported(self) -> str:
+        """The releases, for messages: ``"0.16"`` or ``"2.13, 2.14, 2.15"``."""
+        return ", ".join(self.releases)
+
+
+#: Every package rankmesh reads beyond numpy, by distribution name.
+DEPENDENCIES: dict[str, Dependency] = {
+    d.distribution: d
+    for d in (
+        Dependency("torch", "torch", ("2.13", "2.14", "2.15"), "torch", "process groups and DeviceMesh objects"),
+        Dependency(
+            "torchtitan", "torchtitan", ("0.3.0",), "torchtitan", "rankmesh.torchtitan.accelerate() (ParallelDims)"
+        ),
+        Dependency(
+            "spmd_types",
+            "spmd_types",
+            ("0.2.3", "0.2.4", "0.3.0", "0.3.1"),
+            "torchtitan",
+            "the MeshAxis.__le__ patch (torchtitan's default spmd_types backend)",
+        ),
+        Dependency(
+            "megatron-core",
+            "megatron.core",
+            ("0.16",),
+            "megatron",
+            "rankmesh.megatron.initialize_model_parallel (0.16) and the Megatron-FSDP patch (0.16.1)",
+        ),
+        Dependency(
+            "einops", "einops", ("0",), "megatron", "megatron-core's partial-DistOpt and hierarchical-cp groups"
+        ),
+        Dependency(
+            "pyyaml", "yaml", ("5", "6"), "megatron", "initialize_model_parallel's nccl_communicator_config_path"
+        ),
+        Dependency("matplotlib", "matplotlib", ("3",), "plot", "rankmesh plan --picture and the benchmark plots"),
+    )
+}
+
+_versions: dict[str, str | None] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (a key of :data:`DEPENDENCIES`), or None."""
+    if distribution not in _versions:
+        try:
+            _versions[distribution] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            _versions[distribution] = None
+    return _versions[distribution]
+
+
+def available(distribution: str) -> bool:
+    """Whether ``distribution``'s module can be imported (without importing it)."""
+    module = DEPENDENCIES[distribution].module
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def unsupported(distribution: str, releases: tuple[str, ...] | None = None) -> str | None:
+    """Why the installed ``distribution`` is not one rankmesh has read (not installed, or another
+    version), or None when it is. ``releases`` narrows :attr:`Dependency.releases` for a feature
+    read against fewer (e.g. the Megatron-FSDP patch: ``("0.16.1",)``)."""
+    dep = DEPENDENCIES[distribution]
+    if releases is not None:
+        dep = Dependency(dep.distribution, dep.module, releases, dep.extra, dep.used_for)
+    installed = version(distribution)
+    if installed is None:
+        return f"{distribution} is not installed (pip install 'rankmesh[{dep.extra}]')"
+    if not dep.supports(installed):
+        return f"{distribution} {installed} is not a version rankmesh has read (supported: {dep.supported})"
+    return None
+
+
+def warn_unsupported(distribution: str, reason: str, fallback: str, *, stacklevel: int = 3) -> None:
+    """The policy's one warning: ``reason`` (from :func:`unsupported`) and what runs instead,
+    once per package and reason."""
+    key = (distribution, reason)
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(f"rankmesh: {reason}; {fallback}", RuntimeWarning, stacklevel=stacklevel)
+
+
+def report() -> list[tuple[str, str | None, str, bool]]:
+    """``(distribution, installed version or None, supported releases, supported?)`` for each."""
+    out = []
+    for name, dep in DEPENDENCIES.items():
+        v = version(name)
+        out.append((name, v, dep.supported, v is not None and dep.supports(v)))
+    return out

@@ -1,0 +1,121 @@
+"""One home for optional dependencies and versions (rankmesh._dependencies): what the package
+imports is declared, the table agrees with pyproject.toml's extras, and the one policy (warn once,
+fall back to stock) answers for every version rankmesh has not read."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import rankmesh
+from rankmesh import _dependencies
+from rankmesh._dependencies import DEPENDENCIES, Dependency
+
+PACKAGE = Path(rankmesh.__file__).resolve().parent
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+#: What the package needs on every install (pyproject's ``dependencies``).
+REQUIRED = {"numpy", "packaging"}
+
+
+def third_party_imports(package: Path) -> dict[str, set[str]]:
+    """Top-level names of every non-stdlib, non-rankmesh import in the package, with the files."""
+    found: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("rankmesh", "__future__"):
+                    found.setdefault(top, set()).add(path.name)
+    return found
+
+
+def undeclared(found: dict[str, set[str]]) -> set[str]:
+    declared = REQUIRED | {d.module.split(".")[0] for d in DEPENDENCIES.values()}
+    return set(found) - declared
+
+
+def test_every_package_rankmesh_imports_is_declared():
+    found = third_party_imports(PACKAGE)
+    assert {"numpy", "torch", "megatron", "torchtitan"} <= set(found)  # the walk sees imports
+    assert undeclared(found) == set()
+
+
+def test_the_declaration_check_finds_an_undeclared_import():
+    assert undeclared({"numpy": {"a.py"}, "scipy": {"b.py"}}) == {"scipy"}
+
+
+def test_pyproject_declares_what_the_table_names():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    required = {r.split(">")[0].split("=")[0].split("<")[0].strip() for r in project["dependencies"]}
+    assert required == REQUIRED
+    extras = project["optional-dependencies"]
+    for dep in DEPENDENCIES.values():
+        if dep.distribution == "spmd_types":  # torchtitan 0.3.0 pulls it in
+            continue
+        listed = {r.split(">")[0].split("=")[0].split("<")[0].strip() for r in extras[dep.extra]}
+        assert dep.distribution in listed, (dep.distribution, dep.extra)
+
+
+@pytest.mark.parametrize(
+    "releases, version, ok",
+    [
+        (("0.16",), "0.16.1", True),
+        (("0.16",), "0.16.0rc1", True),
+        (("0.16",), "0.17.0", False),
+        (("0.16",), "0.1", False),
+        (("0.3.0",), "0.3.0", True),
+        (("0.3.0",), "0.3.0+local", True),
+        (("0.3.0",), "0.3.1", False),
+        (("2.13", "2.15"), "2.15.0+cu132", True),
+        (("2.13", "2.15"), "2.14.1", False),
+        (("2.13",), "not a version", False),
+    ],
+)
+def test_a_release_holds_its_versions(releases, version, ok):
+    assert Dependency("x", "x", releases, "x", "").supports(version) is ok
+
+
+def test_unsupported_names_the_version_and_the_releases(monkeypatch):
+    monkeypatch.setattr(_dependencies, "_versions", {"megatron-core": "0.15.2", "torchtitan": None})
+    assert _dependencies.unsupported("megatron-core") == (
+        "megatron-core 0.15.2 is not a version rankmesh has read (supported: 0.16)"
+    )
+    assert "supported: 0.16.1" in _dependencies.unsupported("megatron-core", ("0.16.1",))
+    assert _dependencies.unsupported("torchtitan") == "torchtitan is not installed (pip install 'rankmesh[torchtitan]')"
+    monkeypatch.setattr(_dependencies, "_versions", {"megatron-core": "0.16.1"})
+    assert _dependencies.unsupported("megatron-core") is None
+
+
+def test_available_looks_without_importing(monkeypatch):
+    monkeypatch.setitem(DEPENDENCIES, "nope", Dependency("nope", "rankmesh_nope_pkg.sub", ("1",), "x", ""))
+    assert _dependencies.available("nope") is False  # a missing parent package is not an error
+    monkeypatch.setitem(DEPENDENCIES, "json", Dependency("json", "json.decoder", ("1",), "x", ""))
+    assert _dependencies.available("json") is True
+
+
+def test_the_policy_warns_once_per_package_and_reason(monkeypatch):
+    monkeypatch.setattr(_dependencies, "_warned", set())
+    with pytest.warns(RuntimeWarning, match=r"^rankmesh: x 1 is not read; stock runs$"):
+        _dependencies.warn_unsupported("x", "x 1 is not read", "stock runs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _dependencies.warn_unsupported("x", "x 1 is not read", "stock runs")
+    with pytest.warns(RuntimeWarning, match="x 2"):
+        _dependencies.warn_unsupported("x", "x 2 is not read", "stock runs")
+
+
+def test_report_lists_every_dependency():
+    rows = {name: (v, ok) for name, v, _, ok in _dependencies.report()}
+    assert set(rows) == set(DEPENDENCIES)
+    torch_version, torch_ok = rows["torch"]
+    assert torch_version is None or torch_ok  # CI runs torch versions rankmesh has read
