@@ -44,7 +44,6 @@ from rankmesh.errors import (  # noqa: E402
     RankmeshError,
     SizeMismatchError,
     UnknownNameError,
-    UnsupportedVersionError,
 )
 from rankmesh.megatron import model_parallel_layout  # noqa: E402
 from rankmesh.megatron import parallel_state as _megatron_init  # noqa: E402
@@ -314,13 +313,26 @@ def test_ucc_pipeline_refused_before_any_group(monkeypatch):
         assert len(c10d._world.pg_map) == before and not ps.model_parallel_is_initialized()
 
 
-def test_unsupported_megatron_core_is_refused(monkeypatch):
+def test_an_unsupported_megatron_core_gets_its_own_function_after_one_warning(monkeypatch):
+    """The one policy for a version rankmesh has not read (rankmesh._dependencies): warn once and
+    run megatron-core's own initialize_model_parallel, with the caller's arguments."""
+    from rankmesh import _dependencies
+
     monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: "0.15.2")
-    with pytest.raises(UnsupportedVersionError, match=r"<0.17,>=0.16|>=0.16,<0.17") as e:
-        rm.initialize_model_parallel()
-    assert e.value.field == "megatron-core" and e.value.value == "0.15.2"
+    monkeypatch.setattr(_dependencies, "_warned", set())
+    calls = []
+    monkeypatch.setattr(ps, "initialize_model_parallel", lambda **kw: calls.append(kw))
+    with fake_world(8, 0, MESHFAKE):
+        unread = r"megatron-core 0\.15\.2 is not a version rankmesh has read \(supported: 0\.16\)"
+        with pytest.warns(RuntimeWarning, match=unread):
+            assert rm.initialize_model_parallel(tensor_model_parallel_size=2, order="tp-dp-pp") is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once
+            rm.initialize_model_parallel(hybrid_context_parallel=True)
+    assert calls[0]["tensor_model_parallel_size"] == 2 and calls[0]["order"] == "tp-dp-pp"
+    assert calls[1]["hybrid_context_parallel"] is True  # a non-default argument always reaches it
     monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: None)
-    with pytest.raises(ImportError, match="megatron-core"):
+    with pytest.raises(ImportError, match=r"megatron-core 0\.16 \(pip install 'rankmesh\[megatron\]'\)"):
         rm.initialize_model_parallel()
 
 

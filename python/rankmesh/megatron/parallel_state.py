@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankmesh._check import as_sequence, check_str
-from rankmesh.errors import (
-    MegatronConfigError,
-    MegatronStateError,
-    UnknownNameError,
-    UnsupportedVersionError,
-)
+from rankmesh._dependencies import DEPENDENCIES, warn_unsupported
+from rankmesh._dependencies import version as dependency_version
+from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError
 
 __all__ = [
     "SUPPORTED_MEGATRON_CORE",
@@ -35,9 +32,10 @@ __all__ = [
     "parallel_state",
 ]
 
-#: The megatron-core versions :func:`initialize_model_parallel` is proved against (its
-#: ``parallel_state`` globals and the groups behind them change between minor releases).
-SUPPORTED_MEGATRON_CORE = (">=0.16", "<0.17")
+#: The megatron-core releases :func:`initialize_model_parallel` is proved against (its
+#: ``parallel_state`` globals and the groups behind them change between minor releases); any
+#: other gets megatron-core's own function, after one warning (:mod:`rankmesh._dependencies`).
+SUPPORTED_MEGATRON_CORE: tuple[str, ...] = DEPENDENCIES["megatron-core"].releases
 
 # The parallel_state globals megatron-core asserts are None before it builds anything.
 _MUST_BE_UNSET = (
@@ -81,43 +79,17 @@ _OWN = object()  # make(): the NCCL options configured for the group's own name
 
 
 def megatron_core_version() -> str | None:
-    """The installed megatron-core version (``megatron.core.package_info``), or None."""
-    try:
-        from megatron.core import package_info
-    except ImportError:
-        return None
-    return str(package_info.__version__)
+    """The installed megatron-core version, or None."""
+    return dependency_version("megatron-core")
 
 
 def parallel_state():
-    """``megatron.core.parallel_state``, after checking the installed version is supported.
-
-    Raises ``ImportError`` when megatron-core is not installed and
-    :class:`~rankmesh.UnsupportedVersionError` for a version outside
-    :data:`SUPPORTED_MEGATRON_CORE`.
-    """
-    version = megatron_core_version()
-    if version is None:
+    """``megatron.core.parallel_state``; ``ImportError`` naming the extra when megatron-core is
+    not installed."""
+    if megatron_core_version() is None:
         raise ImportError(
             "rankmesh.megatron.initialize_model_parallel fills megatron-core's parallel_state; "
-            f"install megatron-core{','.join(SUPPORTED_MEGATRON_CORE)}"
-        )
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    spec = SpecifierSet(",".join(SUPPORTED_MEGATRON_CORE))
-    try:
-        ok = Version(version) in spec
-    except InvalidVersion:
-        ok = False
-    if not ok:
-        raise UnsupportedVersionError(
-            f"megatron-core {version} is installed, but rankmesh.megatron.initialize_model_parallel "
-            f"supports megatron-core {spec} only (it writes parallel_state's globals, which change "
-            "between releases); install a supported megatron-core or call megatron's own "
-            "parallel_state.initialize_model_parallel",
-            field="megatron-core",
-            value=version,
+            f"install megatron-core {', '.join(SUPPORTED_MEGATRON_CORE)} (pip install 'rankmesh[megatron]')"
         )
     import warnings
 
@@ -125,6 +97,24 @@ def parallel_state():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
     return ps
+
+
+def _stock(ps: Any, version: str, args: dict[str, Any]) -> None:
+    """megatron-core's own ``initialize_model_parallel`` with the caller's arguments (those its
+    signature takes, and any given a non-default value, so that it refuses what it does not know)."""
+    import inspect
+
+    warn_unsupported(
+        "megatron-core",
+        f"megatron-core {version} is not a version rankmesh has read (supported: {', '.join(SUPPORTED_MEGATRON_CORE)})",
+        "rankmesh.megatron.initialize_model_parallel calls megatron-core's own (every group of the job on "
+        "every rank, as without rankmesh)",
+        stacklevel=4,
+    )
+    stock = ps.initialize_model_parallel
+    takes = inspect.signature(stock).parameters
+    defaults = {k: p.default for k, p in inspect.signature(initialize_model_parallel).parameters.items()}
+    stock(**{k: v for k, v in args.items() if k in takes or v != defaults[k]})
 
 
 def initialize_model_parallel(
@@ -172,8 +162,9 @@ def initialize_model_parallel(
       megatron-core.
 
     Returns the :class:`~rankmesh.BuildReport` of the groups created (megatron-core returns
-    None). Errors, raised before any group exists: :class:`~rankmesh.UnsupportedVersionError`
-    (megatron-core outside :data:`SUPPORTED_MEGATRON_CORE`), :class:`~rankmesh.MegatronStateError`
+    None). A megatron-core outside :data:`SUPPORTED_MEGATRON_CORE` gets megatron-core's own
+    function (and None back), after one ``RuntimeWarning``. Errors, raised before any group
+    exists: :class:`~rankmesh.MegatronStateError`
     (torch.distributed not initialised, model parallelism already initialised; also an
     ``AssertionError``), :class:`~rankmesh.ParallelConfigError` (a ``RuntimeError``, where
     megatron-core raises one) and :class:`~rankmesh.MegatronConfigError` (also an
@@ -190,28 +181,13 @@ def initialize_model_parallel(
         >>> ps.get_tensor_model_parallel_world_size()  # doctest: +SKIP
         8
     """
-    c = _check(
-        tensor_model_parallel_size=tensor_model_parallel_size,
-        pipeline_model_parallel_size=pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
-        pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
-        use_sharp=use_sharp,
-        context_parallel_size=context_parallel_size,
-        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
-        hybrid_context_parallel=hybrid_context_parallel,
-        expert_model_parallel_size=expert_model_parallel_size,
-        num_distributed_optimizer_instances=num_distributed_optimizer_instances,
-        expert_tensor_parallel_size=expert_tensor_parallel_size,
-        nccl_communicator_config_path=nccl_communicator_config_path,
-        distributed_timeout_minutes=distributed_timeout_minutes,
-        order=order,
-        get_embedding_ranks=get_embedding_ranks,
-        get_position_embedding_ranks=get_position_embedding_ranks,
-        create_gloo_process_groups=create_gloo_process_groups,
-        high_priority_stream_groups=high_priority_stream_groups,
-        sharp_enabled_group=sharp_enabled_group,
-        create_all_gather_group=create_all_gather_group,
-    )
+    args = dict(locals())  # every keyword as given: written once, in the signature
+    ps = parallel_state()
+    version = megatron_core_version()
+    if not DEPENDENCIES["megatron-core"].supports(version):
+        _stock(ps, version, args)
+        return None
+    c = _check(ps, args)
     new, hybrid, builder = _make(c)
     _install(c, new, hybrid, builder)
     return builder.report()
@@ -236,73 +212,94 @@ class _Checked:
     virtual_pipeline_model_parallel_size: int | None
 
 
-def _check(
-    *,
-    tensor_model_parallel_size: int,
-    pipeline_model_parallel_size: int,
-    virtual_pipeline_model_parallel_size: int | None,
-    pipeline_model_parallel_comm_backend: str | None,
-    use_sharp: bool,
-    context_parallel_size: int,
-    hierarchical_context_parallel_sizes: list[int] | None,
-    hybrid_context_parallel: bool,
-    expert_model_parallel_size: int,
-    num_distributed_optimizer_instances: int,
-    expert_tensor_parallel_size: int | None,
-    nccl_communicator_config_path: str | None,
-    distributed_timeout_minutes: int,
-    order: str,
-    get_embedding_ranks: Callable[..., list[int]] | None,
-    get_position_embedding_ranks: Callable[..., list[int]] | None,
-    create_gloo_process_groups: bool,
-    high_priority_stream_groups: list[str] | None,
-    sharp_enabled_group: str | None,
-    create_all_gather_group: bool | None,
-) -> _Checked:
-    """Everything megatron-core checks, before any group exists; the configuration resolved."""
-    import torch.distributed as dist
+def _check(ps: Any, a: dict[str, Any]) -> _Checked:
+    """Everything megatron-core checks, before any group exists, in its order; each check is a
+    small function of its own arguments. Returns the configuration resolved."""
+    from rankmesh.megatron.layout import model_parallel_layout
 
-    from rankmesh.megatron.layout import (
-        GROUP_DESCRIPTIONS,
-        model_parallel_layout,
+    sharp_group = _sharp_group(a["use_sharp"], a["sharp_enabled_group"], a["num_distributed_optimizer_instances"])
+    high_priority = _high_priority_groups(a["high_priority_stream_groups"])
+    _check_pp_backend(a["pipeline_model_parallel_comm_backend"])
+    world_size, rank = _distributed(ps)
+    m = model_parallel_layout(
+        world_size,
+        a["tensor_model_parallel_size"],
+        a["pipeline_model_parallel_size"],
+        a["context_parallel_size"],
+        a["expert_model_parallel_size"],
+        a["expert_tensor_parallel_size"],
+        a["order"],
+        a["num_distributed_optimizer_instances"],
+        a["hierarchical_context_parallel_sizes"],
+        a["virtual_pipeline_model_parallel_size"],
+        a["get_embedding_ranks"],
+        a["get_position_embedding_ranks"],
+    )
+    _check_hybrid_cp(a["hybrid_context_parallel"], m.dp, m.cp)
+    _check_ucc(a["pipeline_model_parallel_comm_backend"], os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+    nccl_comm_cfgs = _nccl_comm_cfgs(a["nccl_communicator_config_path"])
+    for pg_name in high_priority:
+        ps.overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
+    _check_embedding_ranks(m, rank)
+    return _Checked(
+        ps=ps,
+        m=m,
+        world_size=world_size,
+        rank=rank,
+        sharp_enabled_group=sharp_group,
+        nccl_comm_cfgs=nccl_comm_cfgs,
+        timeout=datetime.timedelta(minutes=a["distributed_timeout_minutes"]),
+        gloo=a["create_gloo_process_groups"],
+        create_all_gather_group=a["create_all_gather_group"],
+        hybrid_context_parallel=a["hybrid_context_parallel"],
+        pp_backend=a["pipeline_model_parallel_comm_backend"],
+        virtual_pipeline_model_parallel_size=a["virtual_pipeline_model_parallel_size"],
     )
 
-    ps = parallel_state()
-    # SHARP may only be enabled for the first communicator created with NCCL_COLLNET_ENABLE=1.
-    os.environ.pop("NCCL_COLLNET_ENABLE", None)
 
-    # -- everything megatron-core checks, before any group exists ------------------------------
-    if use_sharp:
-        if sharp_enabled_group is None:
-            sharp_enabled_group = "dp"
-        elif sharp_enabled_group not in ("dp", "dp_replica"):
+def _sharp_group(
+    use_sharp: bool, sharp_enabled_group: str | None, num_distributed_optimizer_instances: int
+) -> str | None:
+    """The group SHARP is enabled for (None without SHARP), as megatron-core resolves it."""
+    if not use_sharp:
+        if sharp_enabled_group is not None:
             raise MegatronConfigError(
-                f"sharp_enabled_group must be 'dp' or 'dp_replica', got {sharp_enabled_group!r}",
+                f"sharp_enabled_group={sharp_enabled_group!r} is only valid with use_sharp=True",
                 field="sharp_enabled_group",
                 value=sharp_enabled_group,
             )
-        elif sharp_enabled_group == "dp_replica" and not num_distributed_optimizer_instances > 1:
-            raise MegatronConfigError(
-                "sharp_enabled_group='dp_replica' needs num_distributed_optimizer_instances > 1, got "
-                f"{num_distributed_optimizer_instances}",
-                field="num_distributed_optimizer_instances",
-                value=num_distributed_optimizer_instances,
-            )
-    elif sharp_enabled_group is not None:
+        return None
+    if sharp_enabled_group is None:
+        return "dp"
+    if sharp_enabled_group not in ("dp", "dp_replica"):
         raise MegatronConfigError(
-            f"sharp_enabled_group={sharp_enabled_group!r} is only valid with use_sharp=True",
+            f"sharp_enabled_group must be 'dp' or 'dp_replica', got {sharp_enabled_group!r}",
             field="sharp_enabled_group",
             value=sharp_enabled_group,
         )
-    # group names: megatron-core ignores one it does not know (a typo silently loses the high
-    # priority stream); rankmesh refuses it, with the names get_nccl_options reads
-    high_priority_stream_groups = as_sequence(
+    if sharp_enabled_group == "dp_replica" and not num_distributed_optimizer_instances > 1:
+        raise MegatronConfigError(
+            "sharp_enabled_group='dp_replica' needs num_distributed_optimizer_instances > 1, got "
+            f"{num_distributed_optimizer_instances}",
+            field="num_distributed_optimizer_instances",
+            value=num_distributed_optimizer_instances,
+        )
+    return sharp_enabled_group
+
+
+def _high_priority_groups(high_priority_stream_groups: list[str] | None) -> tuple[str, ...]:
+    """The group names, each one megatron-core creates. megatron-core ignores a name it does not
+    know (a typo silently loses the high-priority stream); rankmesh refuses it, naming the groups
+    ``get_nccl_options`` reads."""
+    from rankmesh.megatron.layout import GROUP_DESCRIPTIONS
+
+    names = as_sequence(
         () if high_priority_stream_groups is None else high_priority_stream_groups,
         "high_priority_stream_groups",
         "group names",
         noun="a list",
     )
-    for i, pg_name in enumerate(high_priority_stream_groups):
+    for i, pg_name in enumerate(names):
         check_str(pg_name, f"high_priority_stream_groups[{i}]")
         if pg_name not in GROUP_DESCRIPTIONS:
             raise UnknownNameError(
@@ -311,6 +308,10 @@ def _check(
                 field="high_priority_stream_groups",
                 value=pg_name,
             )
+    return tuple(names)
+
+
+def _check_pp_backend(pipeline_model_parallel_comm_backend: str | None) -> None:
     if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
         raise MegatronConfigError(
             f"pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', got "
@@ -318,6 +319,13 @@ def _check(
             field="pipeline_model_parallel_comm_backend",
             value=pipeline_model_parallel_comm_backend,
         )
+
+
+def _distributed(ps: Any) -> tuple[int, int]:
+    """(world size, rank) of the default group; refused when torch.distributed is not initialised
+    or model parallelism already is."""
+    import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()):
         raise MegatronStateError(
             "torch.distributed is not initialised; call torch.distributed.init_process_group(...) "
@@ -333,54 +341,48 @@ def _check(
                 field=name,
                 value=getattr(ps, name),
             )
-    world_size = dist.get_world_size()
-    rank = dist.get_rank()
-    m = model_parallel_layout(
-        world_size,
-        tensor_model_parallel_size,
-        pipeline_model_parallel_size,
-        context_parallel_size,
-        expert_model_parallel_size,
-        expert_tensor_parallel_size,
-        order,
-        num_distributed_optimizer_instances,
-        hierarchical_context_parallel_sizes,
-        virtual_pipeline_model_parallel_size,
-        get_embedding_ranks,
-        get_position_embedding_ranks,
-    )
-    dp_cp_size = m.dp * m.cp
-    if hybrid_context_parallel and dp_cp_size % 2:
-        raise MegatronConfigError(
-            f"hybrid context parallel requires an even number of dp*cp ranks, got {m.dp}*{m.cp} = {dp_cp_size}",
-            field="hybrid_context_parallel",
-            value=dp_cp_size,
-        )
-    if pipeline_model_parallel_comm_backend == "ucc":
-        max_connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
-        if max_connections == "1":
-            raise MegatronConfigError(
-                "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
-                "communication is serialised; unset it or set it to e.g. 8",
-                field="CUDA_DEVICE_MAX_CONNECTIONS",
-                value=max_connections,
-            )
-    nccl_comm_cfgs: dict[str, Any] = {}
-    if nccl_communicator_config_path is not None:
-        try:
-            import yaml
-        except ImportError:
-            raise RuntimeError(
-                "Cannot import `yaml`. Setting custom nccl communicator configs requires the yaml package."
-            ) from None
-        with open(nccl_communicator_config_path) as stream:
-            nccl_comm_cfgs = yaml.safe_load(stream) or {}
-    for pg_name in high_priority_stream_groups:  # a tuple of known names by now
-        ps.overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
+    return dist.get_world_size(), dist.get_rank()
 
+
+def _check_hybrid_cp(hybrid_context_parallel: bool, dp: int, cp: int) -> None:
+    if hybrid_context_parallel and (dp * cp) % 2:
+        raise MegatronConfigError(
+            f"hybrid context parallel requires an even number of dp*cp ranks, got {dp}*{cp} = {dp * cp}",
+            field="hybrid_context_parallel",
+            value=dp * cp,
+        )
+
+
+def _check_ucc(pipeline_model_parallel_comm_backend: str | None, max_connections: str | None) -> None:
+    """The UCC pipeline backend needs ``CUDA_DEVICE_MAX_CONNECTIONS`` (``max_connections``) > 1."""
+    if pipeline_model_parallel_comm_backend == "ucc" and max_connections == "1":
+        raise MegatronConfigError(
+            "the UCC pipeline backend needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1), or its "
+            "communication is serialised; unset it or set it to e.g. 8",
+            field="CUDA_DEVICE_MAX_CONNECTIONS",
+            value=max_connections,
+        )
+
+
+def _nccl_comm_cfgs(nccl_communicator_config_path: str | None) -> dict[str, Any]:
+    """The NCCL communicator configs from the YAML file, as megatron-core reads them ({} without one)."""
+    if nccl_communicator_config_path is None:
+        return {}
+    try:
+        import yaml
+    except ImportError:
+        raise RuntimeError(
+            "Cannot import `yaml`. Setting custom nccl communicator configs requires the yaml package."
+        ) from None
+    with open(nccl_communicator_config_path) as stream:
+        return yaml.safe_load(stream) or {}
+
+
+def _check_embedding_ranks(m: Any, rank: int) -> None:
+    """The embedding-rank functions return distinct ranks of the pipeline group they are given."""
+    pp_ranks = m.decoder.my_group(rank, "pp").tolist()
     for name in ("embd", "pos_embd"):
         fn = m.get_embedding_ranks if name == "embd" else m.get_position_embedding_ranks
-        pp_ranks = m.decoder.my_group(rank, "pp").tolist()
         got = [int(r) for r in fn(pp_ranks)]
         if not set(got) <= set(pp_ranks) or len(set(got)) != len(got) or not got:
             raise MegatronConfigError(
@@ -389,21 +391,6 @@ def _check(
                 field="get_embedding_ranks" if name == "embd" else "get_position_embedding_ranks",
                 value=got[:8],
             )
-
-    return _Checked(
-        ps=ps,
-        m=m,
-        world_size=world_size,
-        rank=rank,
-        sharp_enabled_group=sharp_enabled_group,
-        nccl_comm_cfgs=nccl_comm_cfgs,
-        timeout=datetime.timedelta(minutes=distributed_timeout_minutes),
-        gloo=create_gloo_process_groups,
-        create_all_gather_group=create_all_gather_group,
-        hybrid_context_parallel=hybrid_context_parallel,
-        pp_backend=pipeline_model_parallel_comm_backend,
-        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
-    )
 
 
 def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
@@ -417,6 +404,8 @@ def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
 
     ps, m, rank, gloo, n_do = c.ps, c.m, c.rank, c.gloo, c.m.num_distributed_optimizer_instances
     timeout = c.timeout
+    # SHARP may only be enabled for the first communicator created with NCCL_COLLNET_ENABLE=1.
+    os.environ.pop("NCCL_COLLNET_ENABLE", None)
     # megatron-core's one-rank groups are real groups: the builder's size-1 rule says so
     builder = groups.mesh_builder(m, size_one_fake=False)
 
