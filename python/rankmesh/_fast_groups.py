@@ -108,23 +108,25 @@ _TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_t
 #: The torch bodies each fast path reproduces, by torch release: the
 #: :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
 #: listed release whose bodies all hash as listed; anything else gets torch's own calls, after one
-#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources.)
+#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources with
+#: :func:`rankmesh._patch.text_hash`, compiled by CPython 3.11; another CPython may place a body's
+#: last code line elsewhere, and then the gate falls back, never the other way.)
 KNOWN_BODIES: dict[str, dict[str, dict[str, str]]] = {
     "new_group": {
         "2.13": {
-            "new_group": "47374139b94f2439",
+            "new_group": "8d7a547337aa0f96",
             "_new_group_with_tag": "611b36bbe829f9ab",
             "_process_group_name": "7e6fc29384da5cd8",
             "_hash_ranks_to_str": "0b18a6130bc29871",
         },
         "2.14": {
-            "new_group": "40b4162dab7111dd",
+            "new_group": "5217191d18b1e9e3",
             "_new_group_with_tag": "cb54f76632d7c2f8",
             "_process_group_name": "710d483e6c074a3f",
             "_hash_ranks_to_str": "6b4e40a881640221",
         },
         "2.15": {
-            "new_group": "3ce46582957e046d",
+            "new_group": "7d9c16f28aa23612",
             "_new_group_with_tag": "cb54f76632d7c2f8",
             "_process_group_name": "710d483e6c074a3f",
             "_hash_ranks_to_str": "6b4e40a881640221",
@@ -266,8 +268,11 @@ def _is_table(v: Any) -> bool:
 
 
 def _copy(v: Any) -> Any:
+    """A table copied so that a later write shows: a dict's own entries, and the lists and sets
+    in it (torch appends to ``tags_to_pg``'s lists in place). Dicts in a dict are kept as they are:
+    a group's rank table is written whole, and the default group's is W entries long."""
     if isinstance(v, dict):
-        return {k: (type(x)(x) if isinstance(x, (dict, list, set)) else x) for k, x in v.items()}
+        return {k: (type(x)(x) if isinstance(x, (list, set)) else x) for k, x in v.items()}
     return type(v)(v) if isinstance(v, (list, set)) else v
 
 
@@ -307,7 +312,7 @@ def _writes(before: dict[str, Any], pg: Any) -> dict[str, Any]:
                 elif isinstance(v, list) and isinstance(a[k], list) and v[: len(a[k])] == a[k]:
                     if len(v) > len(a[k]):
                         changed.append((k, ("<appended>", *v[len(a[k]) :])))
-                elif a[k] is not v and not _same(a[k], v):
+                elif a[k] is not v and not _same(a[k], v):  # lists and sets: copies, compared
                     changed.append((k, v))
             changed += [(k, "<removed>") for k in a if k not in b]
             if changed:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import linecache
 import os
 import threading
 import warnings
@@ -24,11 +25,25 @@ _warned: set[tuple[str, str]] = set()
 
 def source_hash(fn: Any) -> str:
     """The first 16 hex digits of the SHA-256 of ``fn``'s source with blank lines and surrounding
-    whitespace dropped: what a patch compares to recognise the body it replaces (a new release that
-    changes the body changes the hash, whatever its version string says)."""
-    fn = getattr(fn, "__func__", fn)
-    src = inspect.getsource(fn)
-    text = "\n".join(line.strip() for line in src.splitlines() if line.strip())
+    whitespace dropped: what a patch or a fast path compares to recognise the body it replaces or
+    reproduces (a new release that changes the body changes the hash, whatever its version string
+    says). The source is read from ``fn``'s first line (its first decorator) to the last line that
+    holds code, straight from the file (no tokenizing: ~0.1 ms a function once the file is read)."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise TypeError(f"{fn!r} is not a Python function")
+    lines = linecache.getlines(code.co_filename)
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
+    if not lines or last > len(lines):
+        raise OSError(f"the source of {fn!r} is not available")
+    return text_hash(lines[code.co_firstlineno - 1 : last])
+
+
+def text_hash(lines: Any) -> str:
+    """:func:`source_hash` of source lines already cut out (also how a hash is read off a release's
+    source file without importing it)."""
+    text = "\n".join(line.strip() for line in lines if line.strip())
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
