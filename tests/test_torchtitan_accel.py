@@ -376,3 +376,28 @@ def test_an_old_handle_does_not_undo_a_newer_acceleration():
     finally:
         second.restore()
     assert not rt.is_accelerated()
+
+
+def test_the_acceleration_is_the_registrys_torchtitan_patch(monkeypatch):
+    """accelerate() installs the registry's "torchtitan" patch: listed while in place, undone by
+    rankmesh.patches.restore_all() (torch's own init_device_mesh is back and its builds are stock),
+    kept out by RANKMESH_DISABLE=torchtitan without a warning."""
+    from rankmesh import patches
+
+    assert patches.get("torchtitan") is rt.PATCH and rt.PATCH.target == f"{tpd.__name__}.init_device_mesh"
+    acc = rt.accelerate()
+    assert acc.active and "torchtitan" in patches.installed()
+    assert tpd.init_device_mesh.__wrapped__ is torch_init_device_mesh
+    patches.restore_all()
+    assert tpd.init_device_mesh is torch_init_device_mesh and not rt.is_accelerated() and not acc.active
+    assert "torchtitan" not in patches.installed()
+    acc.restore()  # harmless now
+    with titan_world(8, 3):
+        pd = make_pd(dict(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=1), 8, "spmd_types")
+        pd.build_mesh()
+        assert type(pd.world_mesh) is not FastDeviceMesh
+    monkeypatch.setenv("RANKMESH_DISABLE", "torchtitan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        off = rt.accelerate()
+    assert not off.active and "RANKMESH_DISABLE" in off.reason and tpd.init_device_mesh is torch_init_device_mesh

@@ -15,7 +15,7 @@ versions and which exact function bodies it recognises, whether it is installed,
 
     >>> import rankmesh.patches as patches
     >>> sorted(patches.REGISTRY)
-    ['concatenate', 'megatron_fsdp', 'spmd_axis_le']
+    ['concatenate', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
     >>> p = patches.get("concatenate")
     >>> p.target, p.installed in (True, False)
     ('torch.distributed.device_mesh.DeviceMesh._concatenate', True)
@@ -23,9 +23,7 @@ versions and which exact function bodies it recognises, whether it is installed,
 
 from __future__ import annotations
 
-import sys
-
-from rankmesh import mesh
+from rankmesh import mesh, torchtitan
 from rankmesh._patch import Patch, disabled, source_hash
 from rankmesh.megatron import fsdp
 from rankmesh.torchtitan import spmd_axis
@@ -34,7 +32,7 @@ __all__ = ["REGISTRY", "Patch", "disabled", "get", "installed", "restore_all", "
 
 
 #: Every patch rankmesh can install, by name.
-REGISTRY: dict[str, Patch] = {p.name: p for p in (mesh.CONCATENATE, spmd_axis.PATCH, fsdp.PATCH)}
+REGISTRY: dict[str, Patch] = {p.name: p for p in (mesh.CONCATENATE, spmd_axis.PATCH, torchtitan.PATCH, fsdp.PATCH)}
 
 
 def get(name: str) -> Patch:
@@ -51,10 +49,7 @@ def installed() -> list[str]:
 
 
 def restore_all() -> None:
-    """Undo every patch in the registry (and torchtitan's acceleration): stock behaviour is back.
-    Meshes built meanwhile stay as they are."""
+    """Undo every patch in the registry: stock behaviour is back. Meshes built meanwhile stay as
+    they are."""
     for p in REGISTRY.values():
         p.restore()
-    titan = sys.modules.get("rankmesh.torchtitan")
-    if titan is not None:
-        titan.restore()

@@ -36,6 +36,8 @@ Two names are replaced, each in one assignment, so there is never a half-patched
   warns once and leaves spmd_types' own; ``RANKMESH_DISABLE=spmd_axis_le`` keeps it out.
 
 :func:`restore` (or the handle's) puts both back; the second only where the acceleration put it in.
+The first is the patch ``rankmesh.patches`` calls "torchtitan" (:data:`PATCH`), so
+``rankmesh.patches.restore_all()`` undoes it too and ``RANKMESH_DISABLE=torchtitan`` keeps it out.
 
     >>> import rankmesh.torchtitan as rt
     >>> rt.is_accelerated()
@@ -51,12 +53,22 @@ from __future__ import annotations
 
 import threading
 import warnings
-from types import ModuleType, TracebackType
+from types import TracebackType
+from typing import Any
 
 from rankmesh._dependencies import DEPENDENCIES, available, unsupported, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
+from rankmesh._patch import Patch
 
-__all__ = ["SUPPORTED_VERSIONS", "Acceleration", "accelerate", "restore", "is_accelerated", "installed_version"]
+__all__ = [
+    "PATCH",
+    "SUPPORTED_VERSIONS",
+    "Acceleration",
+    "accelerate",
+    "restore",
+    "is_accelerated",
+    "installed_version",
+]
 
 #: torchtitan releases whose ``ParallelDims.build_mesh`` rankmesh has read and tests against
 #: (:mod:`rankmesh._dependencies`, where every optional dependency's versions live).
@@ -67,12 +79,55 @@ _TARGET_NAME = "init_device_mesh"
 
 _lock = threading.Lock()
 _warned: set[str] = set()
-# Set while the patch is in place: the module patched, the value it held before, and the handle
-# that put it there (only that handle, or restore(), takes it out).
-_patched: tuple[ModuleType, object, Acceleration] | None = None
+# The handle of the accelerate() call that installed PATCH (only it, or restore(), takes it out).
+_owner: Acceleration | None = None
 # Whether accelerate() installed spmd_types' MeshAxis.__le__ patch (then restoring takes it out;
 # one installed by someone else through rankmesh.patches stays).
 _installed_le = False
+
+
+def _version_reason() -> str | None:
+    """Why the installed torchtitan is not one rankmesh has read (None when it is)."""
+    version = installed_version()
+    if version is None:
+        return unsupported("torchtitan")
+    if DEPENDENCIES["torchtitan"].supports(version):
+        return None
+    return f"torchtitan {version} is not a version rankmesh has read (supported: {', '.join(SUPPORTED_VERSIONS)})"
+
+
+def _recognise(original: Any) -> str | None:
+    """None when ``original`` is torch's ``init_device_mesh`` in a torchtitan rankmesh has read."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
+
+    if original is not torch_init_device_mesh:
+        return (
+            f"{_TARGET_MODULE}.{_TARGET_NAME} is {original!r}, not torch's init_device_mesh "
+            "(something else replaced it)"
+        )
+    return _version_reason()
+
+
+def _make(original: Any) -> Any:
+    def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None, backend_override=None):  # noqa: ANN001, ANN202
+        return _titan_init_device_mesh(
+            device_type, mesh_shape, mesh_dim_names=mesh_dim_names, backend_override=backend_override
+        )
+
+    return init_device_mesh
+
+
+#: The patch (listed in :mod:`rankmesh.patches`; installed by :func:`accelerate`).
+PATCH = Patch(
+    "torchtitan",
+    _TARGET_MODULE,
+    _TARGET_NAME,
+    _make,
+    why="torchtitan's meshes become rankmesh's: every _unflatten, _flatten and slice of its world mesh "
+    "is O(group) with one process group per distinct partition",
+    versions=f"torchtitan {', '.join(SUPPORTED_VERSIONS)}, the name still torch's init_device_mesh",
+    recognise=_recognise,
+)
 
 
 class Acceleration:
@@ -92,13 +147,13 @@ class Acceleration:
     @property
     def active(self) -> bool:
         """True while this handle's patch is in place."""
-        return _patched is not None and _patched[2] is self
+        return _owner is self and PATCH.installed
 
     def restore(self) -> None:
         """Put torch's ``init_device_mesh`` (and spmd_types' ``MeshAxis.__le__``) back, if this
         handle installed rankmesh's."""
         with _lock:
-            if _patched is not None and _patched[2] is self:
+            if _owner is self:
                 _unpatch()
 
     def __enter__(self) -> Acceleration:
@@ -115,11 +170,9 @@ class Acceleration:
 
 
 def _unpatch() -> None:
-    global _patched, _installed_le
-    if _patched is not None:
-        module, original, _ = _patched
-        setattr(module, _TARGET_NAME, original)
-        _patched = None
+    global _owner, _installed_le
+    PATCH.restore()
+    _owner = None
     if _installed_le:
         from rankmesh.torchtitan import spmd_axis
 
@@ -153,7 +206,7 @@ def installed_version() -> str | None:
 
 def is_accelerated() -> bool:
     """True while torchtitan's ``ParallelDims.build_mesh`` builds its meshes through rankmesh."""
-    return _patched is not None
+    return PATCH.installed
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -181,17 +234,12 @@ def accelerate() -> Acceleration:
     process, or use it as a context manager to restore torch's path on exit. Calling it again
     while it is active is harmless (the second handle does nothing on exit).
     """
-    global _patched, _installed_le
-    version = installed_version()
-    reason = (
-        unsupported("torchtitan")
-        if version is None
-        else None
-        if DEPENDENCIES["torchtitan"].supports(version)
-        else f"torchtitan {version} is not a version rankmesh has read (supported: {', '.join(SUPPORTED_VERSIONS)})"
-    )
+    global _owner, _installed_le
+    reason = _version_reason()
     if reason is not None:
-        what = "nothing to accelerate" if version is None else "torchtitan keeps torch's own DeviceMesh path"
+        what = (
+            "nothing to accelerate" if installed_version() is None else "torchtitan keeps torch's own DeviceMesh path"
+        )
         warn_unsupported("torchtitan", reason, f"rankmesh.torchtitan.accelerate(): {what}")
         return Acceleration(reason)
 
@@ -201,7 +249,7 @@ def accelerate() -> Acceleration:
 
     module = importlib.import_module(_TARGET_MODULE)
     with _lock:
-        if _patched is not None:
+        if PATCH.installed:
             return Acceleration("already accelerated")
         current = getattr(module, _TARGET_NAME, None)
         if current is not torch_init_device_mesh:
@@ -211,8 +259,9 @@ def accelerate() -> Acceleration:
                 "not torch's init_device_mesh (something else replaced it); leaving it alone",
             )
             return Acceleration(f"{_TARGET_MODULE}.{_TARGET_NAME} was replaced by something else")
+        if not PATCH.install():
+            return Acceleration(f"the patch {PATCH.name!r} is disabled (RANKMESH_DISABLE) or not recognised")
         handle = Acceleration()
-        setattr(module, _TARGET_NAME, _titan_init_device_mesh)
-        _patched = (module, current, handle)
+        _owner = handle
         _installed_le = _install_le()
         return handle
