@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import rankmesh
-from rankmesh import _dependencies
+from rankmesh import _dependencies, _once
 from rankmesh._dependencies import DEPENDENCIES, Dependency
 
 PACKAGE = Path(rankmesh.__file__).resolve().parent
@@ -104,7 +104,7 @@ def test_available_looks_without_importing(monkeypatch):
 
 
 def test_the_policy_warns_once_per_package_and_reason(monkeypatch):
-    monkeypatch.setattr(_dependencies, "_warned", set())
+    monkeypatch.setattr(_once, "_seen", set())
     with pytest.warns(RuntimeWarning, match=r"^rankmesh: x 1 is not read; stock runs$"):
         _dependencies.warn_unsupported("x", "x 1 is not read", "stock runs")
     with warnings.catch_warnings():

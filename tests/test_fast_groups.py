@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
+from rankmesh import _once
 
 pytest.importorskip("torch")
 import torch  # noqa: E402
@@ -124,7 +125,7 @@ def test_barrier_after_init_bound_devices_and_python_groups_take_torchs_call(mon
 def test_a_failed_check_warns_once_and_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(fg, "SCHEME", None)
     monkeypatch.setattr(fg, "_state", {})
-    monkeypatch.setattr(fg, "_warned", [])
+    monkeypatch.setattr(_once, "_seen", set())
     calls = []
     real = dist.new_group
     monkeypatch.setattr(dist, "new_group", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -156,7 +157,7 @@ def test_an_unknown_body_or_release_warns_once_and_falls_back_to_torch(monkeypat
         monkeypatch.setattr(fg, "torch_release", lambda: "9.99")
         match = "is not a release rankmesh's new_group path is known for"
     monkeypatch.setattr(fg, "_state", {})
-    monkeypatch.setattr(fg, "_warned", [])
+    monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(fg, "_create", lambda *a, **k: pytest.fail("rankmesh made a group despite the gate"))
     with fake_world(8, 3):
         with pytest.warns(RuntimeWarning, match=match):
@@ -321,7 +322,7 @@ def test_split_names_and_counters_agree_on_every_rank_and_with_torchs_own_calls(
 def test_a_failed_split_check_warns_once_and_falls_back_to_torch(monkeypatch):
     monkeypatch.setattr(fg, "SPLIT_SHAPE", None)
     monkeypatch.setattr(fg, "_split_state", {})
-    monkeypatch.setattr(fg, "_warned", [])
+    monkeypatch.setattr(_once, "_seen", set())
     calls = []
     real = dist.split_group
     monkeypatch.setattr(dist, "split_group", lambda *a, **k: calls.append(k["split_ranks"]) or real(*a, **k))
@@ -356,7 +357,7 @@ def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch):
     group differently (here: under another tag) is caught, warned about once, not
     used, and leaves no probe group or counter step behind."""
     monkeypatch.setattr(fg, "_split_state", {})
-    monkeypatch.setattr(fg, "_warned", [])
+    monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(fg, "c10d", _OtherTag())
     with bound_fake_world(8, 3) as default:
         count, groups = c10d._world.group_count, list(c10d._world.pg_names)

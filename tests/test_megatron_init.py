@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from rankmesh import _once
 from torch.distributed import distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -316,10 +317,9 @@ def test_ucc_pipeline_refused_before_any_group(monkeypatch):
 def test_an_unsupported_megatron_core_gets_its_own_function_after_one_warning(monkeypatch):
     """The one policy for a version rankmesh has not read (rankmesh._dependencies): warn once and
     run megatron-core's own initialize_model_parallel, with the caller's arguments."""
-    from rankmesh import _dependencies
 
     monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: "0.15.2")
-    monkeypatch.setattr(_dependencies, "_warned", set())
+    monkeypatch.setattr(_once, "_seen", set())
     calls = []
     monkeypatch.setattr(ps, "initialize_model_parallel", lambda **kw: calls.append(kw))
     with fake_world(8, 0, MESHFAKE):

@@ -23,9 +23,10 @@ import warnings
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from rankmesh import _once
 
 _mesh_axis = pytest.importorskip("spmd_types._mesh_axis", reason="spmd_types (torchtitan 0.3.0's) is a test dependency")
-from rankmesh import _patch, patches  # noqa: E402
+from rankmesh import patches  # noqa: E402
 from rankmesh.torchtitan import spmd_axis  # noqa: E402
 from spmd_types._mesh_axis import MeshAxis  # noqa: E402
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout  # noqa: E402
@@ -257,7 +258,7 @@ def test_an_unknown_body_warns_once_and_the_original_runs(monkeypatch):
         return STOCK(self, other)
 
     monkeypatch.setattr(MeshAxis, "__le__", someone_elses_le)
-    monkeypatch.setattr(_patch, "_warned", set())
+    monkeypatch.setattr(_once, "_seen", set())
     unknown_body = "spmd_axis_le.*MeshAxis.__le__ has a body rankmesh does not know"
     with pytest.warns(RuntimeWarning, match=unknown_body) as record:
         assert not PATCH.install()

@@ -136,6 +136,7 @@ RULE_MODULES = (
     "rankmesh.errors",
     "rankmesh._check",
     "rankmesh._dependencies",
+    "rankmesh._once",
     "rankmesh._groups",
     "rankmesh.single",
     "rankmesh.topology",

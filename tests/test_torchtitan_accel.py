@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import _dependencies, _torch_compat
+from rankmesh import _once, _torch_compat
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
@@ -304,7 +304,7 @@ def test_build_after_restore_is_stock():
 
 def test_unknown_torchtitan_version_warns_once_and_leaves_torch(monkeypatch):
     monkeypatch.setattr(rt, "installed_version", lambda: "0.9.9")
-    monkeypatch.setattr(_dependencies, "_warned", set())
+    monkeypatch.setattr(_once, "_seen", set())
     unread = r"torchtitan 0\.9\.9 is not a version rankmesh has read \(supported: 0\.3\.0\)"
     with pytest.warns(RuntimeWarning, match=unread):
         acc = rt.accelerate()
@@ -322,7 +322,7 @@ def test_foreign_patch_is_left_alone(monkeypatch):
         raise AssertionError
 
     monkeypatch.setattr(tpd, "init_device_mesh", someone_elses)
-    monkeypatch.setattr(rt, "_warned", set())
+    monkeypatch.setattr(_once, "_seen", set())
     with pytest.warns(RuntimeWarning, match="something else replaced it"):
         acc = rt.accelerate()
     assert not acc.active

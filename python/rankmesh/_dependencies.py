@@ -19,11 +19,12 @@ The policy, the same for each:
 from __future__ import annotations
 
 import importlib.util
-import warnings
 from dataclasses import dataclass
 from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
+
+from rankmesh._once import warn_once
 
 __all__ = ["DEPENDENCIES", "Dependency", "version", "available", "unsupported", "warn_unsupported", "report"]
 
@@ -92,7 +93,6 @@ DEPENDENCIES: dict[str, Dependency] = {
 }
 
 _versions: dict[str, str | None] = {}
-_warned: set[tuple[str, str]] = set()
 
 
 def version(distribution: str) -> str | None:
@@ -132,11 +132,7 @@ def unsupported(distribution: str, releases: tuple[str, ...] | None = None) -> s
 def warn_unsupported(distribution: str, reason: str, fallback: str, *, stacklevel: int = 3) -> None:
     """The policy's one warning: ``reason`` (from :func:`unsupported`) and what runs instead,
     once per package and reason."""
-    key = (distribution, reason)
-    if key in _warned:
-        return
-    _warned.add(key)
-    warnings.warn(f"rankmesh: {reason}; {fallback}", RuntimeWarning, stacklevel=stacklevel)
+    warn_once(("dependencies", distribution, reason), f"rankmesh: {reason}; {fallback}", stacklevel=stacklevel)
 
 
 def report() -> list[tuple[str, str | None, str, bool]]:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +60,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rankmesh._native import hashed_group_name
+from rankmesh._once import warn_once
 from rankmesh._patch import body_unknown, disabled
 
 __all__ = [
@@ -180,7 +180,6 @@ def _scheme() -> str | None:
 
 SCHEME: str | None = _scheme()
 _state: dict[int, bool] = {}  # id(default group) -> fast path usable
-_warned: list[str] = []
 
 
 def _salt() -> int:
@@ -390,9 +389,7 @@ def self_check(backend: str = "fake") -> bool:
 
 
 def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.append(message)
-        warnings.warn(f"rankmesh: {message} (correct, but O(members) Python per group)", RuntimeWarning, stacklevel=4)
+    warn_once(("fast_groups", message), f"rankmesh: {message} (correct, but O(members) Python per group)", stacklevel=3)
 
 
 def uses_fast_path(backend: str | None) -> bool:

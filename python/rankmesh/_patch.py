@@ -13,14 +13,14 @@ import inspect
 import linecache
 import os
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
+
+from rankmesh._once import warn_once
 
 __all__ = ["Patch", "body_unknown", "disabled", "source_hash"]
 
 _lock = threading.RLock()
-_warned: set[tuple[str, str]] = set()
 
 
 def source_hash(fn: Any) -> str:
@@ -171,14 +171,12 @@ class Patch:
         return getattr(value, "__func__", value)
 
     def _warn(self, key: str, reason: str) -> None:
-        if (self.name, key) not in _warned:
-            _warned.add((self.name, key))
-            warnings.warn(
-                f"rankmesh: patch {self.name!r} ({self.target}) not installed: {reason}; the original runs "
-                f"(correct, stock speed). Recognised: {self.versions}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        warn_once(
+            ("patch", self.name, key),
+            f"rankmesh: patch {self.name!r} ({self.target}) not installed: {reason}; the original runs "
+            f"(correct, stock speed). Recognised: {self.versions}",
+            stacklevel=4,
+        )
 
     def __repr__(self) -> str:
         return f"<rankmesh patch {self.name!r} on {self.target}: {'installed' if self.installed else 'not installed'}>"

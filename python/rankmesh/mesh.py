@@ -39,7 +39,6 @@ Example (one process standing in for rank 5 of 8 on the fake backend)::
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,6 +61,7 @@ from rankmesh._check import (
     type_name,
 )
 from rankmesh._native import MeshLayout
+from rankmesh._once import warn_once
 from rankmesh._patch import Patch
 from rankmesh._torch_compat import C10dOptions as _C10dOptions
 from rankmesh._torch_compat import TorchMeshLayout as _MeshLayout
@@ -1022,8 +1022,8 @@ def init_device_mesh(
             )
         placement = _placement_of(range(numel) if ranks is None else ranks, numel, world_size)
         if placement is None:  # a list of ranks that is no layout: torch's own mesh over them
-            _warn_once(
-                "ranks",
+            warn_once(
+                ("mesh", "ranks"),
                 "rankmesh.init_device_mesh: the ranks given are not an offset plus (size, stride) modes, so rankmesh "
                 "builds torch's own DeviceMesh over them (O(world size) per rank)",
             )
@@ -1156,8 +1156,8 @@ def from_group(
             place = _placement_of(ranks, len(ranks), world_size)
         if place is None:
             if single:
-                _warn_once(
-                    "from_group",
+                warn_once(
+                    ("mesh", "from_group"),
                     "rankmesh.from_group: the group's ranks are not an offset plus (size, stride) modes, so rankmesh "
                     "builds torch's own DeviceMesh.from_group",
                 )
@@ -1237,15 +1237,6 @@ def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:
     offset, modes = world.placement
     key = f"rankmesh.mesh placed {offset} {modes}"
     return builder.layer_state(key, lambda: _World(world, builder.rank, builder))
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tuple[int, int]]] | None:

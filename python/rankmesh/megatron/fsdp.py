@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import sys
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from rankmesh._dependencies import unsupported
+from rankmesh._once import warn_once
 from rankmesh._patch import Patch, body_unknown
 
 __all__ = [
@@ -74,7 +74,6 @@ _DENSE_NAMES = ("dp_cp", "tp")
 _HSDP_NAMES = ("outer_fsdp_dp", "dp_cp", "tp")
 
 _lock = threading.Lock()
-_warned: set[str] = set()
 
 
 # -- the patch ---------------------------------------------------------------------------------
@@ -264,14 +263,6 @@ def _plan(self: Any, pg_collection: Any, g: dict[str, Any]) -> _Plan | str:
     return _check_dp_tp(dp_cp_group, tp_group, 1, p.world, p.rank, "dense") or p
 
 
-def _warn_once(key: str, message: str) -> None:
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-
 def _mesh(groups: list[Any], names: tuple[str, ...], torch_mesh: Any, g: dict[str, Any]) -> Any:
     """rankmesh's mesh over ``groups``; should it fail, torch's, from the mesh megatron-core
     would have built (``torch_mesh()``), so the result is never wrong."""
@@ -280,10 +271,11 @@ def _mesh(groups: list[Any], names: tuple[str, ...], torch_mesh: Any, g: dict[st
 
         return from_group(groups, _DEVICE_TYPE, mesh_dim_names=names)
     except Exception as e:  # noqa: BLE001 - a rankmesh failure must not stop training
-        _warn_once(
-            f"from_group:{type(e).__name__}",
+        warn_once(
+            ("megatron_fsdp", f"from_group:{type(e).__name__}"),
             f"rankmesh.megatron.fsdp: rankmesh.mesh.from_group failed ({type(e).__name__}: {e}); "
             "building torch's DeviceMesh from the world-sized rank tensor instead (stock speed)",
+            stacklevel=3,
         )
         return g["DeviceMesh"].from_group(
             groups, device_type=_DEVICE_TYPE, mesh=torch_mesh().tolist(), mesh_dim_names=list(names)
@@ -356,10 +348,11 @@ def make_init_dist_index(original: Any) -> Any:
         except Exception as e:  # noqa: BLE001 - the original raises its own error for this
             plan = f"{type(e).__name__}: {str(e)[:200]}"
         if isinstance(plan, str):
-            _warn_once(
-                plan,
+            warn_once(
+                ("megatron_fsdp", plan),
                 f"rankmesh.megatron.fsdp: {plan}; Megatron-FSDP builds its own world-sized meshes "
                 "(correct, stock speed)",
+                stacklevel=3,
             )
             return original(self, pg_collection)
         return _build(self, plan, g)

@@ -52,12 +52,12 @@ The first is the patch ``rankmesh.patches`` calls "torchtitan" (:data:`PATCH`), 
 from __future__ import annotations
 
 import threading
-import warnings
 from types import TracebackType
 from typing import Any
 
 from rankmesh._dependencies import DEPENDENCIES, available, unsupported, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
+from rankmesh._once import warn_once
 from rankmesh._patch import Patch
 
 __all__ = [
@@ -78,7 +78,6 @@ _TARGET_MODULE = "torchtitan.distributed.parallel_dims"
 _TARGET_NAME = "init_device_mesh"
 
 _lock = threading.Lock()
-_warned: set[str] = set()
 # The handle of the accelerate() call that installed PATCH (only it, or restore(), takes it out).
 _owner: Acceleration | None = None
 # Whether accelerate() installed spmd_types' MeshAxis.__le__ patch (then restoring takes it out;
@@ -209,12 +208,6 @@ def is_accelerated() -> bool:
     return PATCH.installed
 
 
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
 def _titan_init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None, backend_override=None):  # noqa: ANN001, ANN202
     """What torchtitan's ``parallel_dims`` module calls instead of torch's ``init_device_mesh``:
     :func:`rankmesh.init_device_mesh` with torch's rule for size-1 dims (a one-rank group on the
@@ -253,8 +246,8 @@ def accelerate() -> Acceleration:
             return Acceleration("already accelerated")
         current = getattr(module, _TARGET_NAME, None)
         if current is not torch_init_device_mesh:
-            _warn_once(
-                "foreign",
+            warn_once(
+                ("torchtitan", "foreign"),
                 f"rankmesh.torchtitan.accelerate(): {_TARGET_MODULE}.{_TARGET_NAME} is {current!r}, "
                 "not torch's init_device_mesh (something else replaced it); leaving it alone",
             )
