@@ -49,12 +49,11 @@ from rankmesh.errors import (
     RankmeshError,
     RankOutOfRangeError,
     SizeMismatchError,
-    TopologyError,
     UnknownNameError,
 )
 from rankmesh.megatron import DEFAULT_ORDER, model_parallel_layout
 from rankmesh.single import single_mesh
-from rankmesh.topology import DimTopology, TopologyReport, _nodes_spanned, topology_report
+from rankmesh.topology import TopologyReport, topology_report, whole_nodes
 from rankmesh.torchtitan import layouts as _tt
 
 __all__ = [
@@ -669,27 +668,12 @@ def job_topology(job: JobPlan, rank: int, gpus_per_node: int) -> TopologyReport:
     ``r // gpus_per_node``): its mesh's dims, none when it is in no mesh; every group of the mesh
     too up to :data:`WHOLE_WORLD_LIMIT` ranks. Raises :class:`~rankmesh.errors.TopologyError`
     when the world is not a whole number of nodes."""
-    gpn = positive_int(gpus_per_node, "gpus_per_node")
-    if job.world_size % gpn:
-        raise TopologyError(
-            f"a world of {job.world_size} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
-            "gpus_per_node, or hostnames when nodes differ",
-            field="gpus_per_node",
-            value=gpn,
-        )
+    gpn = whole_nodes(job.world_size, gpus_per_node)
     whole = job.world_size <= WHOLE_WORLD_LIMIT
     mine = job.mesh_of(rank)
-    dims = []
-    for i, name in enumerate(() if mine is None else mine.layout.names):
-        lay = mine.layout  # type: ignore[union-attr]
-        nodes = np.unique(lay.group(rank, i) // gpn)
-        lo = hi = None
-        if whole:
-            spans = _nodes_spanned(lay[name].groups().reshape(-1, int(lay.size(i))) // gpn)
-            lo, hi = int(spans.min()), int(spans.max())
-        dims.append(DimTopology(mine.label, name, int(lay.size(i)), int(nodes.size),  # type: ignore[union-attr]
-                                tuple(int(x) for x in nodes[:16]), lo, hi))  # fmt: skip
-    return TopologyReport(gpn, job.world_size // gpn, rank, rank // gpn, tuple(dims), whole)
+    if mine is not None:  # its mesh, placed in the job: topology's own report
+        return topology_report({mine.label: mine.layout}, rank, gpn, whole_world=whole)
+    return TopologyReport(gpn, job.world_size // gpn, rank, rank // gpn, (), whole)
 
 
 def format_job_plan(job: JobPlan, rank: int, report: TopologyReport) -> str:

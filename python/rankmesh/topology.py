@@ -52,6 +52,7 @@ __all__ = [
     "gpus_per_node_from_env",
     "rank_map_from_hosts",
     "node_of_rank_from_hosts",
+    "whole_nodes",
 ]
 
 #: Families of bandwidth-hungry dims, by the name strict mode is asked with; ``tp`` is always on.
@@ -296,6 +297,20 @@ def _as_meshes(meshes: Any) -> dict[str, MeshLayout]:
     )
 
 
+def whole_nodes(world_size: int, gpus_per_node: int) -> int:
+    """``gpus_per_node`` when ``world_size`` ranks are a whole number of such nodes; else
+    :class:`TopologyError` (field ``gpus_per_node``)."""
+    gpn = positive_int(gpus_per_node, "gpus_per_node")
+    if world_size % gpn:
+        raise TopologyError(
+            f"a world of {world_size} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
+            "gpus_per_node, or hostnames when nodes differ",
+            field="gpus_per_node",
+            value=gpn,
+        )
+    return gpn
+
+
 def _nodes_spanned(node_rows: np.ndarray) -> np.ndarray:
     """Distinct values per row of a 2-D array."""
     s = np.sort(node_rows, axis=1)
@@ -334,7 +349,7 @@ def topology_report(
     by_name = _as_meshes(meshes)
     if not by_name:
         raise TopologyError("no mesh to report on; pass at least one layout", field="meshes", value=meshes)
-    world_sizes = {m.world_size for m in by_name.values()}
+    world_sizes = {m.global_size for m in by_name.values()}  # the job's ranks (a placed mesh: part of them)
     if len(world_sizes) != 1:
         raise TopologyError(
             f"meshes over different worlds: sizes {sorted(world_sizes)}; report on layouts derived from one world",
@@ -371,14 +386,7 @@ def topology_report(
                 field="gpus_per_node",
                 value=None,
             )
-        gpn = gpus_per_node
-        if world % gpn:
-            raise TopologyError(
-                f"a world of {world} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
-                "gpus_per_node, or hostnames when nodes differ",
-                field="gpus_per_node",
-                value=gpn,
-            )
+        gpn = whole_nodes(world, gpus_per_node)
     hungry = _hungry_names(strict_dims)  # checked strict or not: an unknown name is never ignored
     if not strict:
         hungry = set()
