@@ -451,3 +451,10 @@ def test_grid_errors_are_typed_and_megatrons_class(monkeypatch):
         rm.HyperCommGrid([2], ["a"])
     assert isinstance(e.value, RuntimeError) and (e.value.field, e.value.value) == ("WORLD_SIZE", None)
     assert issubclass(GroupExistsError, KeyError) and issubclass(ParallelConfigError, RuntimeError)
+
+
+def test_create_pg_takes_megatrons_keywords_only(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    grid = rm.HyperCommGrid([2, 4], ["tp", "dp"])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'backend'"):
+        grid.create_pg("tp", backend="gloo")  # megatron-core's create_pg refuses it too

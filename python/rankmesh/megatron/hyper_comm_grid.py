@@ -3,6 +3,7 @@ makes only the caller's group. Exposed as :class:`rankmesh.megatron.HyperCommGri
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -22,8 +23,6 @@ from rankmesh.errors import (
 from rankmesh.megatron.layout import _rank_arg
 
 __all__ = ["HyperCommGrid"]
-
-_NEW_SUBGROUP_KWARGS = ("timeout", "pg_options", "group_desc")
 
 
 class HyperCommGrid:
@@ -199,13 +198,21 @@ class HyperCommGrid:
         return (self._group_layout(ordered).group(local, 0) + self.rank_offset).tolist()
 
     # -- process groups -------------------------------------------------------------------------
-    def create_pg(self, dims: str | Sequence[str], **kwargs: Any):
+    def create_pg(
+        self,
+        dims: str | Sequence[str],
+        *,
+        timeout: datetime.timedelta | None = None,
+        pg_options: Any = None,
+        group_desc: str | None = None,
+    ):
         """Create the caller's process group of ``dims`` (None for a rank outside the grid).
 
-        Every rank of the world must call it, in the same order, as with megatron-core's.
-        Keyword arguments are those of ``new_subgroups_by_enumeration``: ``timeout``,
-        ``pg_options``, ``group_desc``. Raises :class:`~rankmesh.GroupExistsError` (a
-        ``KeyError``) if the group of these dims was created before.
+        Every rank of the world must call it, in the same order, as with megatron-core's. The
+        keywords are those megatron-core passes on to ``new_subgroups_by_enumeration`` (another
+        is a ``TypeError``, as there); ``group_desc`` defaults to ``grid_<dims>``. Raises
+        :class:`~rankmesh.GroupExistsError` (a ``KeyError``) if the group of these dims was
+        created before.
         """
         ordered, key = self._order_dims(dims)
         if key in self._pgs:
@@ -217,11 +224,6 @@ class HyperCommGrid:
                 field="dims",
                 value=key,
             )
-        for k in kwargs:
-            if k not in _NEW_SUBGROUP_KWARGS:
-                raise TypeError(
-                    f"create_pg() got an unexpected keyword argument {k!r} (allowed: {_NEW_SUBGROUP_KWARGS})"
-                )
         import torch.distributed as dist
 
         from rankmesh.process_groups import MeshBuilder, require_default_group
@@ -238,12 +240,7 @@ class HyperCommGrid:
                 )
             self._builder = MeshBuilder(MeshLayout.world(world), size_one_fake=False)
         lay = self._group_layout(ordered)
-        kw = dict(
-            backend=self.backend,
-            pg_options=kwargs.get("pg_options"),
-            timeout=kwargs.get("timeout"),
-            group_desc=kwargs.get("group_desc") or f"grid_{key}",
-        )
+        kw = dict(backend=self.backend, pg_options=pg_options, timeout=timeout, group_desc=group_desc or f"grid_{key}")
         if self.rank_offset == 0 and self.size == world:
             pg = self._builder.process_group(lay, 0, **kw)
         else:
