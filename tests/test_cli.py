@@ -625,3 +625,36 @@ def test_the_cli_fix_is_the_errors_fix_with_flags(capsys, monkeypatch, kw, conve
     fix_line = next(line for line in err.splitlines() if line.startswith("fix: "))
     assert code == 2 and fix_line.startswith(f"fix: {cli_fix}"), (fix_line, cli_fix)
     assert any(f in fix_line for f in flags), fix_line
+
+
+@pytest.mark.parametrize(
+    "argv, works",
+    [
+        (["--tp", "2", "--pp", "2", "--ep", "4", "--order", "tp-pp-dp"], "tp-ep-dp-pp"),  # ep missing, pp last
+        (["--tp", "2", "--pp", "2", "--ep", "4", "--order", "tp-dp"], "tp-cp-ep-dp-pp"),
+        (["--tp", "2", "--pp", "2", "--ep", "4", "--order", "tp-pp-ep-dp"], "tp-ep-dp-pp"),  # dp 4, expert dp 1
+        (["--tp", "2", "--pp", "2", "--ep", "4", "--order", "tp-xp-pp"], "tp-cp-ep-dp-pp"),  # unreadable: default
+        (["--tp", "2", "--pp", "2", "--ep", "3", "--order", "tp-dp"], None),  # 2*3*2 never divides 16
+    ],
+)
+def test_the_cli_suggests_the_order_the_error_proved(capsys, monkeypatch, argv, works):
+    """rankmesh plan's --order fix is the order the API's error carries (e.ctx["works"], which its
+    message suggests too), found by working_order; the plan is not built again to find it."""
+    import rankmesh.cli as cli
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    calls = []
+    real = cli.build_plan
+    monkeypatch.setattr(cli, "build_plan", lambda *a, **k: calls.append(a) or real(*a, **k))
+    code, _, err = run(capsys, "plan", "--world-size", "16", "--convention", "megatron", *argv)
+    fix = next(line for line in err.splitlines() if line.startswith("fix: "))
+    assert code == 2 and len(calls) == 1, calls
+    if works is None:
+        assert fix.endswith("; no order works with these degrees alone, so change them too"), fix
+    else:
+        assert fix.endswith(f", e.g. --order {works}"), fix
+        kw = dict(zip(argv[::2], argv[1::2]))
+        build_plan("megatron", 16, tp=2, pp=2, ep=int(kw["--ep"]), order=works)
+    e = _api_error(lambda: build_plan("megatron", 16, tp=2, pp=2, ep=int(argv[5]), order=argv[7]))
+    if "works" in e.ctx:
+        assert e.ctx["works"] == works and (works is None or repr(works) in str(e)), (e.ctx, str(e))

@@ -15,6 +15,7 @@ also the ``RuntimeError`` torch raises there.
 from __future__ import annotations
 
 import ast
+import itertools
 import pickle
 import re
 
@@ -22,11 +23,14 @@ import numpy as np
 import pytest
 import rankmesh
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rankmesh import MAX_WORLD_SIZE, MeshLayout
 from rankmesh.cli import main as cli_main
 from rankmesh.errors import (
     ArgumentTypeError,
     DuplicateNameError,
+    InvalidSizeError,
     LayoutOverflowError,
     MegatronConfigError,
     ParallelConfigError,
@@ -37,6 +41,7 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.megatron import RankGenerator, groups, model_parallel_layout
+from rankmesh.megatron import layout as layout_module
 from rankmesh.megatron.hyper_comm_grid import HyperCommGrid
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from rankmesh.plan import build_plan
@@ -177,6 +182,137 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
         e = expect(lambda: mesh["tp", "pp"], SliceOrderError, "mesh_dim_names", ("tp", "pp"))
         fix = _suggested(str(e), r"in this order: (\(.*?\))")
         assert mesh[fix].mesh_dim_names == ("pp", "tp")
+
+
+# the order every hint suggests comes from one pure check, rankmesh.megatron.layout.working_order
+
+ORDER_NAMES = ("tp", "pp", "dp", "ep", "cp")
+BAD_ORDERS = ["", "-", "tp--dp", "tp-xp-pp", "tp-tp-pp", "tp-dp-pp-", BAD, " tp", 3, None, b"tp", ["tp", "pp"]]
+orders = (
+    st.permutations(ORDER_NAMES).map("-".join)  # every name: the degrees and pp's place decide
+    | st.lists(st.sampled_from(ORDER_NAMES), unique=True, min_size=1, max_size=4).map("-".join)
+    | st.sampled_from([*BAD_ORDERS, "TP-CP-EP-DP-PP", "Tp-Dp-Pp"])
+)
+
+
+def _builds(fn) -> bool:
+    try:
+        fn()
+    except RankmeshError:
+        return False
+    return True
+
+
+@st.composite
+def megatron_calls(draw):
+    """model_parallel_layout's arguments over small worlds (the degrees valid, not always fitting)."""
+    tp, pp, cp, ep = (draw(st.sampled_from([1, 1, 2, 3, 4])) for _ in range(4))
+    fits = draw(st.integers(0, 5))  # mostly a world the dense degrees divide, often the expert ones too
+    world_size = tp * pp * cp * draw(st.sampled_from([1, 2, 4, 6])) if fits else draw(st.integers(1, 48))
+    kw = dict(world_size=world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=draw(st.sampled_from([None, 1, 2])),
+              num_distributed_optimizer_instances=draw(st.sampled_from([1, 1, 1, 2, 3])),
+              hierarchical_context_parallel_sizes=draw(st.sampled_from([None, None, [cp], [1, cp], [2], [0, cp]])),
+              world=draw(st.sampled_from([None, None, MeshLayout.world(world_size),
+                                          MeshLayout.world(world_size, rank_map=list(range(world_size))[::-1]),
+                                          MeshLayout.world(world_size + 1)])))  # fmt: skip
+    return kw, draw(st.lists(orders, max_size=4))
+
+
+def _layout(kw: dict, order):
+    return lambda: model_parallel_layout(
+        kw["world_size"], kw["tp"], kw["pp"], kw["cp"], kw["ep"], kw["etp"], order,
+        kw["num_distributed_optimizer_instances"], kw["hierarchical_context_parallel_sizes"], world=kw["world"],
+    )  # fmt: skip
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(megatron_calls())
+def test_2_working_order_is_the_first_candidate_model_parallel_layout_builds_with(call):
+    kw, candidates = call
+    for order in candidates:
+        builds = _builds(_layout(kw, order))
+        problem = layout_module.order_problem(order, **kw)
+        assert (problem is None) == builds, (order, problem)
+    works = layout_module.working_order(candidates, **kw)
+    assert works == next((c for c in candidates if _builds(_layout(kw, c))), None)
+    assert works is None or any(works is c for c in candidates)  # one of them, never an order of its own
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.tuples(*[st.integers(1, 3)] * 5), st.lists(orders, max_size=4), st.sampled_from([None, "fits", "mapped", 7]))
+def test_2_working_order_of_one_rank_generator_is_the_first_it_builds_with(degrees, candidates, world):
+    tp, ep, dp, pp, cp = degrees
+    n = tp * ep * dp * pp * cp
+    world = {"fits": MeshLayout.world(n), "mapped": MeshLayout.world(n, rank_map=list(range(n))[::-1]),
+             7: MeshLayout.world(n + 7)}.get(world)  # fmt: skip
+    for order in candidates:
+        builds = _builds(lambda: RankGenerator(tp, ep, dp, pp, cp, order, world=world))
+        assert (layout_module.order_problem(order, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world) is None) == builds
+    works = layout_module.working_order(candidates, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world)
+    built = (c for c in candidates if _builds(lambda: RankGenerator(tp, ep, dp, pp, cp, c, world=world)))
+    assert works == next(built, None)
+
+
+def test_2_working_order_is_pure(monkeypatch):
+    """It builds no generator, raises for no candidate (of any type) and holds no context state."""
+    from contextvars import ContextVar
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("working_order built a generator")
+
+    assert not [k for k, v in vars(layout_module).items() if isinstance(v, ContextVar)]
+    for gone in ("_ORDER_PROVER", "_PROVING", "_orders_proved_by", "_first_that_works", "_proved_order"):
+        assert not hasattr(layout_module, gone)
+    monkeypatch.setattr(layout_module, "RankGenerator", refuse)
+    monkeypatch.setattr(layout_module, "model_parallel_layout", refuse)
+    every = BAD_ORDERS + ["tp-cp-ep-dp-pp", "tp-pp-ep-dp", "pp", object()]
+    for world_size in (1, 12, 16, 17):
+        for degrees in (dict(tp=2, pp=2), dict(tp=2, pp=2, ep=4), dict(pp=4, ep=2, etp=1), dict(cp=2, ep=3)):
+            assert layout_module.working_order(BAD_ORDERS, world_size, **degrees) is None
+            works = layout_module.working_order(every, world_size, **degrees)
+            assert works is None or works in ("tp-cp-ep-dp-pp", "tp-pp-ep-dp", "pp"), works
+            for order in every:
+                assert isinstance(layout_module.order_problem(order, world_size, **degrees), (str, type(None)))
+    assert layout_module.working_order(iter(["tp-dp", "tp-dp-pp"]), tp=2, dp=2, pp=2) == "tp-dp-pp"
+    # pp need not be last where the dense and expert pipeline groups agree; where they differ it must
+    same, differ = dict(tp=2, pp=2, ep=2, etp=1), dict(tp=2, pp=4, ep=2, etp=1)
+    assert layout_module.working_order(["tp-pp-ep-dp", "tp-ep-pp-dp"], 16, **same) == "tp-ep-pp-dp"
+    assert layout_module.order_problem("tp-pp-ep-dp", 32, **differ) == (
+        "the order does not end with pp and the dense and expert pipeline groups differ"
+    )
+    assert layout_module.working_order(["tp-pp-ep-dp", "tp-ep-pp-dp"], 32, **differ) == "tp-ep-pp-dp"
+    assert layout_module.working_order([], 8) is None
+    # invalid degrees raise as the call does; world_size and dp say which call
+    with pytest.raises(InvalidSizeError):
+        layout_module.working_order(["tp"], 8, tp=0)
+    with pytest.raises(ArgumentTypeError):
+        layout_module.working_order(["tp"], 8, tp=2, dp=4)
+
+
+def test_2_every_order_error_carries_the_order_that_works():
+    """order_misses_dim and order_pp_not_last carry working_order's answer in ctx["works"], the
+    order their message suggests; None exactly where the message says no order works."""
+    seen = set()
+    for world_size, tp, pp, ep, etp in itertools.product((8, 12, 16, 32), (1, 2), (1, 2, 4), (1, 2, 3, 4), (None, 1)):
+        for order in ("tp-dp", "tp-pp-dp", "tp-pp-ep-dp", "dp-pp-tp-ep", "tp-dp-pp", "pp"):
+            kw = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+                      expert_tensor_parallel_size=etp)  # fmt: skip
+            try:
+                model_parallel_layout(world_size, order=order, **kw)
+            except RankmeshError as e:
+                if e.field != "order":
+                    continue
+                seen.add(e.kind)
+                works = e.ctx["works"]
+                if e.kind == "order_pp_not_last":  # the candidates: the order, pp moved last, the default
+                    candidates = layout_module._order_candidates(order.split("-"))
+                    assert works == layout_module.working_order(candidates, world_size, tp, pp, 1, ep, etp)
+                if works is None:
+                    assert "no order" in str(e) and "e.g." not in str(e), str(e)
+                else:
+                    assert f"e.g. {works!r}" in str(e) or f"e.g. order={works!r}" in str(e), str(e)
+                    model_parallel_layout(world_size, order=works, **kw)
+    assert seen == {"order_misses_dim", "order_pp_not_last"}
 
 
 # -- 3. a dim name that no mesh holds is never ignored -------------------------------------------

@@ -27,14 +27,14 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
 from rankmesh._check import as_rank, positive_int
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
-from rankmesh.megatron import DEFAULT_ORDER
+from rankmesh.megatron.layout import DEFAULT_ORDER, working_order
 from rankmesh.plan import (
     CONVENTIONS,
     DEGREE_NAMES,
@@ -170,14 +170,17 @@ def _flag_message(e: RankmeshError, typed: Mapping[str, Sequence[str]]) -> str:
     return text
 
 
-def _plan_fix(e: RankmeshError, convention: str, order_works: Callable[[str], bool] | None = None) -> str:
+def _plan_fix(e: RankmeshError, convention: str, degrees: Mapping[str, Any] | None = None) -> str:
     """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup): the
-    error's own fix with flags for argument names. ``order_works(order)`` says whether the same
-    plan builds with ``--order order``: an order is only suggested once it has been tried."""
+    error's own fix with flags for argument names. For Megatron's ``--order``, the order that works
+    (:func:`~rankmesh.megatron.layout.working_order`): the one the error carries (``e.ctx["works"]``),
+    else, for an order it could not read, the default order if it works with the plan's
+    ``degrees`` (``world_size`` and :func:`build_plan`'s Megatron degrees); never one not checked."""
     fix = e.fix_text(_FLAG.get) or "see `rankmesh plan --help`"
-    if e.field == "order" and convention == "megatron" and order_works is not None:
-        if order_works(DEFAULT_ORDER):
-            return f"{fix}, e.g. --order {DEFAULT_ORDER}"
+    if e.field == "order" and convention == "megatron" and degrees is not None:
+        works = e.ctx["works"] if "works" in e.ctx else working_order([DEFAULT_ORDER], **degrees)
+        if works is not None:
+            return f"{fix}, e.g. --order {works}"
         return f"{fix}; no order works with these degrees alone, so change them too"
     return fix
 
@@ -420,15 +423,8 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
         if a.dim is not None:
             plan.find_dim(a.dim)  # before printing
     except RankmeshError as e:
-
-        def order_works(order: str) -> bool:
-            try:
-                build_plan(convention, world, **_degrees(a, order=order))
-            except RankmeshError:
-                return False
-            return True
-
-        raise BadInput(e, _plan_fix(e, convention, order_works)) from e
+        megatron = {k: v for k, v in _degrees(a).items() if k in ("tp", "pp", "cp", "ep", "etp")}
+        raise BadInput(e, _plan_fix(e, convention, {"world_size": world, **megatron})) from e
     if gpn_note:
         plan.notes.append(gpn_note)
 

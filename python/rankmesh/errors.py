@@ -92,8 +92,11 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "etp_not_tp_or_1": ("tp", "ep"),
     # the MoE mesh (efsdp x ep x etp) does not divide the sparse ranks
     "moe_mesh_does_not_divide": ("etp", "sparse_ranks"),
-    # a Megatron order string that leaves out a dim of size > 1
+    # a Megatron order string that leaves out a dim of size > 1; works: an order that builds (or None)
     "order_misses_dim": ("dim", "size", "works"),
+    # a Megatron order that does not end with pp while the dense and expert layers then disagree
+    # (dp sizes or pipeline groups); works: the order that would (None when none does)
+    "order_pp_not_last": ("works",),
     # a rankmesh plan flag the chosen convention does not take
     "not_for_convention": ("convention",),
     # rankmesh plan --mesh: two meshes of one job share ranks

@@ -5,9 +5,8 @@ as ``"tp-cp-ep-dp-pp"`` maps to a mesh, with a worked example, is in :mod:`rankm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,6 @@ from rankmesh.errors import (
     InvalidSizeError,
     MegatronConfigError,
     ParallelConfigError,
-    RankmeshError,
     RankOutOfRangeError,
     SizeMismatchError,
     SliceOrderError,
@@ -39,6 +37,8 @@ __all__ = [
     "model_parallel_layout",
     "default_embedding_ranks",
     "default_position_embedding_ranks",
+    "working_order",
+    "order_problem",
 ]
 
 #: The dim names a Megatron ``RankGenerator`` knows, in its own ``name_to_size`` order.
@@ -49,50 +49,10 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 ORDER_FIX = "name every dim of size > 1 once in {order}, joined by '-' with pp last"
 _WORLD_FIX = "make {world_size} a multiple of tp*pp*cp and of etp*ep*pp, or change the degrees"
 
-# -- order hints: every order a message suggests was tried first --------------------------------
-#: The call that proves a candidate order (set by the outermost call that builds generators, e.g.
-#: model_parallel_layout, so that a RankGenerator's hint also works for that call).
-_ORDER_PROVER: ContextVar[Callable[[str], object] | None] = ContextVar("rankmesh_order_prover", default=None)
-#: True while a candidate is being tried: errors raised inside do not try candidates of their own.
-_PROVING: ContextVar[bool] = ContextVar("rankmesh_proving_order", default=False)
+# -- which order works: one pure check, read by every order hint and by the command line ---------
 
 
-@contextmanager
-def _orders_proved_by(apply: Callable[[str], object]) -> Iterator[None]:
-    """Inside, order hints are proved by ``apply(order)`` (unless an outer call already set one)."""
-    token = _ORDER_PROVER.set(_ORDER_PROVER.get() or apply)
-    try:
-        yield
-    finally:
-        _ORDER_PROVER.reset(token)
-
-
-def _first_that_works(candidates: Iterable[Any], apply: Callable[[Any], object]) -> Any:
-    """The first candidate that ``apply`` accepts (raises no RankmeshError), or None when none
-    does, or while another hint is being proved. A hint never suggests what was not tried."""
-    if _PROVING.get():
-        return None
-    token = _PROVING.set(True)
-    try:
-        for c in candidates:
-            try:
-                apply(c)
-            except RankmeshError:
-                continue
-            return c
-        return None
-    finally:
-        _PROVING.reset(token)
-
-
-def _proved_order(candidates: Iterable[Sequence[str]], apply: Callable[[str], object]) -> str | None:
-    """The first candidate order (names, leftmost fastest) that the call being made accepts: the
-    prover of :func:`_orders_proved_by`, else ``apply``."""
-    orders = dict.fromkeys("-".join(c) for c in candidates)
-    return _first_that_works(orders, _ORDER_PROVER.get() or apply)
-
-
-def _order_candidates(names: Sequence[str], missing: Sequence[str] = ()) -> list[list[str]]:
+def _order_candidates(names: Sequence[str], missing: Sequence[str] = ()) -> list[str]:
     """Orders to try for ``names`` (valid, distinct) lacking ``missing``: the missing names put in
     before pp (pp stays last), then the same with pp moved last, then the default order."""
     base = list(names)
@@ -101,7 +61,213 @@ def _order_candidates(names: Sequence[str], missing: Sequence[str] = ()) -> list
     if "pp" in missing:
         base.append("pp")
     pp_last = [n for n in base if n != "pp"] + (["pp"] if "pp" in base else [])
-    return [base, pp_last, DEFAULT_ORDER.split("-")]
+    return ["-".join(base), "-".join(pp_last), DEFAULT_ORDER]
+
+
+def _is_degree(value: object) -> bool:
+    """Whether ``value`` is an int >= 1 as :func:`~rankmesh._check.positive_int` reads one, without raising."""
+    if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
+        return False
+    return operator.index(value) >= 1
+
+
+def _names_problem(order: object) -> tuple[list[str], str | None]:
+    """``order``'s names as :func:`_split_names` reads them, and why they cannot be an order (not
+    a str, an empty or unknown name, a name twice) or None. Never raises."""
+    if not isinstance(order, str):
+        return [], f"the order must be a str like 'tp-dp', not {type(order).__name__}"
+    names = order.lower().split("-")
+    for i, n in enumerate(names):
+        if n not in MEGATRON_DIMS:
+            return [], f"the order {order!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}"
+        if n in names[:i]:
+            return [], f"the order {order!r} names {n!r} twice"
+    return names, None
+
+
+def _missing_problem(names: Sequence[str], sizes: dict[str, int], where: str) -> str | None:
+    """Why ``names`` do not do for a generator of ``sizes``: the first dim of size > 1 they leave out."""
+    for n in MEGATRON_DIMS:
+        if n not in names and sizes[n] != 1:
+            return f"the order does not name {n} (size {sizes[n]}{where})"
+    return None
+
+
+def _pp_layout(world_size: int, names: Sequence[str], sizes: dict[str, int]) -> MeshLayout:
+    """The pipeline dim of a generator of ``sizes`` and order ``names`` (as its ``layout("pp")``,
+    over the identity world: a rank map changes no partition's equality)."""
+    full = list(names) + [n for n in MEGATRON_DIMS if n not in names]
+    mesh_names = full[::-1]
+    return MeshLayout.world(world_size).unflatten(0, [sizes[n] for n in mesh_names], mesh_names)["pp"]
+
+
+class _OrderCheck:
+    """The degrees of one call, checked once: :meth:`problem` says why an order does not work for
+    them, without raising. Invalid degrees raise here, as the call itself would."""
+
+    def __init__(
+        self,
+        world_size: int | None,
+        tp: int,
+        pp: int,
+        cp: int,
+        ep: int,
+        etp: int | None,
+        dp: int | None,
+        n_do: int,
+        hcp: Sequence[int] | None,
+        world: object,
+    ) -> None:
+        if (world_size is None) == (dp is None):
+            raise ArgumentTypeError(
+                "pass world_size (the degrees of model_parallel_layout) or dp (those of one RankGenerator), "
+                f"not {'both' if dp is not None else 'neither'}",
+                field="dp" if dp is not None else "world_size",
+                value=dp if dp is not None else world_size,
+            )
+        given = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": tp if etp is None else etp}
+        deg = {k: positive_int(v, k, fix=degree_fix(k)) for k, v in given.items()}
+        self.tp, self.pp, self.cp, self.ep, self.etp = (deg[k] for k in ("tp", "pp", "cp", "ep", "etp"))
+        self.world = world
+        #: Why no order works with these degrees, found before the order is read (``before``) or
+        #: after every check of the order (``after``); None where nothing is wrong.
+        self.before: str | None = None
+        self.after: str | None = None
+        #: The generators an order must suit: (where, sizes), the dense one first.
+        self.generators: list[tuple[str, dict[str, int]]] = []
+        if dp is not None:  # one RankGenerator
+            sizes = {"tp": self.tp, "ep": self.ep, "dp": positive_int(dp, "dp"), "pp": self.pp, "cp": self.cp}
+            self.world_size = check_degrees(sizes.items())
+            if self.ep > 1 and self.cp > 1:
+                self.before = f"ep ({self.ep}) and cp ({self.cp}) cannot both be > 1 in one RankGenerator"
+            self.generators = [("", sizes)]
+            return
+        self.world_size = check_degrees([("world_size", positive_int(world_size, "world_size"))])
+        n_do = positive_int(n_do, "num_distributed_optimizer_instances")
+        w, model, expert_model = self.world_size, self.tp * self.pp * self.cp, self.etp * self.ep * self.pp
+        if w % model:
+            self.before = f"world_size ({w}) is not divisible by tp*pp*cp = {model}"
+            return
+        self.dp = w // model
+        dense = {"tp": self.tp, "ep": 1, "dp": self.dp, "pp": self.pp, "cp": self.cp}
+        self.generators = [(" in the dense generator", dense)]
+        if w % expert_model:
+            self.after = f"world_size ({w}) is not divisible by expert_tp*ep*pp = {expert_model}"
+            return
+        self.edp = w // expert_model
+        expert = {"tp": self.etp, "ep": self.ep, "dp": self.edp, "pp": self.pp, "cp": 1}
+        self.generators.append((" in the expert generator", expert))
+        if (self.dp * self.cp) % n_do or self.edp % n_do:
+            self.after = f"num_distributed_optimizer_instances ({n_do}) does not divide dp*cp and the expert dp"
+        elif hcp:  # as model_parallel_layout reads them
+            if not all(_is_degree(s) for s in hcp):
+                self.after = f"hierarchical_context_parallel_sizes {hcp} are not all ints >= 1"
+            elif int(np.prod([int(s) for s in hcp])) != self.cp:
+                self.after = f"hierarchical_context_parallel_sizes {hcp} do not multiply to cp ({self.cp})"
+
+    def problem(self, order: object) -> str | None:
+        """Why the call does not build with ``order`` (in the order the call checks), else None."""
+        if self.before is not None:
+            return self.before
+        names, bad = _names_problem(order)
+        if bad is not None:
+            return bad
+        for where, sizes in self.generators[:1]:
+            bad = _missing_problem(names, sizes, where)
+            if bad is not None:
+                return bad
+        world = self.world
+        if world is not None and not (
+            isinstance(world, MeshLayout) and world.ndim == 1 and world.world_size == self.world_size
+        ):
+            return f"world is not a 1-D MeshLayout of {self.world_size} ranks"
+        if len(self.generators) < 2:  # one RankGenerator, or no expert one
+            return self.after
+        (_, dense), (where, expert) = self.generators
+        bad = _missing_problem(names, expert, where)
+        if bad is not None:
+            return bad
+        if self.pp > 1 and names[-1] != "pp":
+            if self.dp != self.edp:
+                return f"the order does not end with pp and the dense ({self.dp}) and expert ({self.edp}) dp differ"
+            w = self.world_size
+            if not _same_partition(_pp_layout(w, names, dense), _pp_layout(w, names, expert)):
+                return "the order does not end with pp and the dense and expert pipeline groups differ"
+        return self.after
+
+
+def order_problem(
+    order: object,
+    world_size: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    *,
+    dp: int | None = None,
+    num_distributed_optimizer_instances: int = 1,
+    hierarchical_context_parallel_sizes: Sequence[int] | None = None,
+    world: MeshLayout | None = None,
+) -> str | None:
+    """Why ``order`` does not work for these degrees, or None when it does; never raises for valid
+    degrees (an order of any type is fine). With ``world_size``: None exactly when
+    ``model_parallel_layout(world_size, tp, pp, cp, ep, etp, order, ...)`` builds (every dim of
+    size > 1 of the dense and the expert generator named, pp last unless pp == 1 or the dense and
+    expert dp sizes match, the same dense and expert pipeline groups; degrees that fit no order, such
+    as a world the expert degrees do not divide, are a problem of every order). With ``dp`` instead:
+    None exactly when ``RankGenerator(tp, ep, dp, pp, cp, order, world=world)`` builds. ``etp``,
+    ``num_distributed_optimizer_instances`` and ``hierarchical_context_parallel_sizes`` are
+    :func:`model_parallel_layout`'s. Degrees that are not ints >= 1 raise as the call itself would.
+
+        >>> order_problem("tp-cp-ep-dp-pp", 16, tp=2, pp=2, ep=4) is None
+        True
+        >>> order_problem("tp-dp-pp", 16, tp=2, pp=2, ep=4)
+        'the order does not name ep (size 4 in the expert generator)'
+        >>> order_problem("tp-pp-ep-dp", 32, tp=2, pp=4, ep=2, etp=1)
+        'the order does not end with pp and the dense and expert pipeline groups differ'
+        >>> order_problem("tp-dp", tp=2, dp=2, pp=2)  # one RankGenerator
+        'the order does not name pp (size 2)'
+    """
+    check = _OrderCheck(
+        world_size, tp, pp, cp, ep, etp, dp, num_distributed_optimizer_instances, hierarchical_context_parallel_sizes,
+        world,
+    )  # fmt: skip
+    return check.problem(order)
+
+
+def working_order(
+    candidates: Iterable[Any],
+    world_size: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    *,
+    dp: int | None = None,
+    num_distributed_optimizer_instances: int = 1,
+    hierarchical_context_parallel_sizes: Sequence[int] | None = None,
+    world: MeshLayout | None = None,
+) -> str | None:
+    """The first of ``candidates`` (order strings) that works for these degrees (:func:`order_problem`
+    says none is wrong with it), or None when none does: the only order a hint of rankmesh's
+    suggests (``RankGenerator``'s and ``model_parallel_layout``'s order errors carry it in
+    ``e.ctx["works"]``, and ``rankmesh plan`` prints it). Pure: it builds no generator, holds no
+    state and never raises for valid degrees, whatever the candidates.
+
+        >>> working_order(["tp-pp-dp", "tp-ep-pp-dp"], 16, tp=2, pp=2, ep=2, etp=1)  # ep 2 must be named
+        'tp-ep-pp-dp'
+        >>> working_order(["tp-pp-ep-dp", "tp-ep-dp-pp"], 16, tp=2, pp=2, ep=4)  # dp 4, expert dp 1: pp last
+        'tp-ep-dp-pp'
+        >>> working_order(["tp-cp-ep-dp-pp"], 16, tp=2, pp=2, ep=3) is None  # 2*3*2 does not divide 16
+        True
+    """
+    check = _OrderCheck(
+        world_size, tp, pp, cp, ep, etp, dp, num_distributed_optimizer_instances, hierarchical_context_parallel_sizes,
+        world,
+    )  # fmt: skip
+    return next((c for c in candidates if check.problem(c) is None), None)
 
 
 def _split_names(text: str, field: str) -> list[str]:
@@ -129,6 +295,32 @@ def _split_names(text: str, field: str) -> list[str]:
                 fix=fix,
             )
     return names
+
+
+def _missing_dim_error(
+    order: str, names: Sequence[str], sizes: dict[str, int], works: Callable[[list[str]], str | None]
+) -> ParallelConfigError | None:
+    """The error of an ``order`` (read as ``names``) that leaves out a dim of size > 1 of a
+    generator of ``sizes``, suggesting the first of :func:`_order_candidates` that ``works(candidates)``
+    finds; None when it names them all."""
+    missing = [n for n in MEGATRON_DIMS if n not in names and sizes[n] != 1]
+    if not missing:
+        return None
+    n = missing[0]
+    fix = works(_order_candidates(names, missing))
+    hint = (
+        f"add {', '.join(map(repr, missing))} to the order, e.g. {fix!r}"
+        if fix is not None
+        else f"no order naming {', '.join(map(repr, missing))} works with these degrees; change them"
+    )
+    return ParallelConfigError(
+        f"the size of {n} is {sizes[n]}, but the order {order!r} does not name it; {hint}",
+        field="order",
+        value=order,
+        kind="order_misses_dim",
+        ctx={"dim": n, "size": sizes[n], "works": fix},
+        fix=ORDER_FIX,
+    )
 
 
 def _rank_arg(rank: Any, method: str, what: str) -> Any:
@@ -172,7 +364,8 @@ class RankGenerator:
     not the degrees' product (:class:`~rankmesh.SizeMismatchError`), ep
     and cp both > 1 (:class:`MegatronConfigError`, also an ``AssertionError`` as in Megatron), a
     dim of size > 1 missing from ``order`` (:class:`ParallelConfigError`, also a ``RuntimeError``
-    as in Megatron; its message suggests an order only after building with it), an unknown name
+    as in Megatron; its message suggests only an order :func:`working_order` finds works, also in
+    ``e.ctx["works"]``, None when none does), an unknown name
     (:class:`UnknownNameError`, also a ``KeyError``), a name twice (:class:`DuplicateNameError`), a
     negative ``rank_offset`` (:class:`InvalidSizeError`; Megatron silently ignores it) or ranks past
     int32 (:class:`~rankmesh.LayoutOverflowError`, naming the degree whose running product, in
@@ -228,27 +421,16 @@ class RankGenerator:
 
         names = _split_names(order, "order")
         check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice", fix=ORDER_FIX)
-        missing = [n for n in MEGATRON_DIMS if n not in names and self.name_to_size[n] != 1]
-        if missing:
-            n = missing[0]
-
-            def rebuilt(o: str) -> RankGenerator:
-                return RankGenerator(tp, ep, dp, pp, cp, o, rank_offset, world=world)
-
-            fix = _proved_order(_order_candidates(names, missing), rebuilt)
-            hint = (
-                f"add {', '.join(map(repr, missing))} to the order, e.g. {fix!r}"
-                if fix is not None
-                else f"no order naming {', '.join(map(repr, missing))} works with these degrees; change them"
-            )
-            raise ParallelConfigError(
-                f"the size of {n} is {self.name_to_size[n]}, but the order {order!r} does not name it; {hint}",
-                field="order",
-                value=order,
-                kind="order_misses_dim",
-                ctx={"dim": n, "size": self.name_to_size[n], "works": fix},
-                fix=ORDER_FIX,
-            )
+        error = _missing_dim_error(
+            order,
+            names,
+            self.name_to_size,
+            lambda candidates: working_order(
+                candidates, tp=self.tp, ep=self.ep, dp=self.dp, pp=self.pp, cp=self.cp, world=world
+            ),
+        )
+        if error is not None:
+            raise error
         names += [n for n in MEGATRON_DIMS if n not in names]
         #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
         self.order = "-".join(names)
@@ -423,11 +605,12 @@ class RankGenerator:
                     field="dims",
                     value=dims[i],
                 )
+        run_names = [labels[r[0]] if r[0] is not None else f"_rest{j}" for j, r in enumerate(runs)]
         if seen != sorted(seen):
-            # mesh order is the order the tokens' runs appear in: try it before suggesting it
+            # mesh order is the order the tokens' runs appear in; listed so, the same runs are
+            # unflattened under the same names, which works when those are non-empty and distinct
             fix_dims, fix_names = [dims[i] for i in seen], [labels[i] for i in seen]
-            fix = _first_that_works([fix_dims], lambda d: self.dims_layout(d, None if names is None else fix_names))
-            if fix is None:
+            if not (all(run_names) and len(set(run_names)) == len(run_names)):
                 hint = "no order of these dims slices this mesh; build them one at a time"
             elif names is None:
                 hint = f"list them as {fix_dims}"
@@ -438,7 +621,6 @@ class RankGenerator:
                 field="dims",
                 value=list(dims),
             )
-        run_names = [labels[r[0]] if r[0] is not None else f"_rest{j}" for j, r in enumerate(runs)]
         full = self.world.unflatten(0, [r[1] for r in runs], run_names)
         return full[tuple(labels)]
 
@@ -841,7 +1023,9 @@ def model_parallel_layout(
     virtual pipeline is asked without pp > 1; and its subclass :class:`MegatronConfigError`
     (also an ``AssertionError``, like Megatron's asserts) when the order does not end with pp and
     pp > 1 and the dense and expert dp sizes differ, when the dense and expert pipeline groups
-    differ, when dp*cp or the expert dp is not a multiple of
+    differ (both of kind ``"order_pp_not_last"``; these and an order that leaves out a dim carry the
+    order that works for this call, :func:`working_order`'s, in ``e.ctx["works"]``, or None), when
+    dp*cp or the expert dp is not a multiple of
     ``num_distributed_optimizer_instances``, and when the hierarchical cp sizes do not multiply to
     cp. A degree that is not an int raises :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``)
     and one < 1 :class:`~rankmesh.InvalidSizeError`.
@@ -921,42 +1105,49 @@ def model_parallel_layout(
     if world is None:
         world = MeshLayout.world(world_size)
 
-    def rebuilt(o: str) -> ModelParallelLayout:  # proves an order hint: this call, another order
-        return model_parallel_layout(
-            world_size, tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size,
-            expert_model_parallel_size, expert_tensor_parallel_size, o, num_distributed_optimizer_instances,
-            hierarchical_context_parallel_sizes, virtual_pipeline_model_parallel_size, get_embedding_ranks,
-            get_position_embedding_ranks, world=world_arg,
+    def works(candidates: Iterable[object]) -> str | None:  # the order a hint suggests
+        return working_order(
+            candidates, world_size, tp, pp, cp, ep, etp,
+            num_distributed_optimizer_instances=n_do,
+            hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+            world=world_arg,
         )  # fmt: skip
 
-    def pp_last_hint(fallback: str) -> str:
-        fix = _proved_order(_order_candidates(_split_names(order, "order")), rebuilt)
-        return f"put pp last, e.g. order={fix!r}" if fix is not None else f"no order works here; {fallback}"
+    # the generators' own order checks, made first here so that a hint works for this whole call
+    names = _split_names(order, "order")
+    check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice", fix=ORDER_FIX)
+    error = _missing_dim_error(order, names, {"tp": tp, "ep": 1, "dp": dp, "pp": pp, "cp": cp}, works)
+    if error is not None:
+        raise error
+    decoder = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order, world=world)
 
-    with _orders_proved_by(rebuilt):  # a generator's order hint must work for this call
-        decoder = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order, world=world)
-
-        expert_model = etp * ep * pp
-        if world_size % expert_model:
-            raise SizeMismatchError(
-                f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
-                f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
-                field="world_size",
-                value=world_size,
-                kind="world_not_divisible",
-                ctx={"world_size": world_size, "divisor": expert_model},
-                fix=_WORLD_FIX,
-            )
-        edp = world_size // expert_model
-        expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
+    expert_model = etp * ep * pp
+    if world_size % expert_model:
+        raise SizeMismatchError(
+            f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
+            f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
+            field="world_size",
+            value=world_size,
+            kind="world_not_divisible",
+            ctx={"world_size": world_size, "divisor": expert_model},
+            fix=_WORLD_FIX,
+        )
+    edp = world_size // expert_model
+    error = _missing_dim_error(order, names, {"tp": etp, "ep": ep, "dp": edp, "pp": pp, "cp": 1}, works)
+    if error is not None:
+        raise error
+    expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
 
     if not (order.lower().endswith("pp") or pp == 1 or edp == dp):
+        fix = works(_order_candidates(names))
         raise MegatronConfigError(
             f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the "
             f"attention ({dp}) and MoE ({edp}) layers must be the same; "
-            + pp_last_hint("make expert_tp*ep equal tp*cp"),
+            + _pp_last_hint(fix, "make expert_tp*ep equal tp*cp"),
             field="order",
             value=order,
+            kind="order_pp_not_last",
+            ctx={"works": fix},
             fix=ORDER_FIX,
         )
     if not _same_partition(decoder.layout("pp"), expert.layout("pp")):
@@ -964,12 +1155,15 @@ def model_parallel_layout(
         def step(g: RankGenerator) -> str:
             return ",".join(str(d) for _, d in g.layout("pp").partition_key(0))
 
+        fix = works(_order_candidates(names))
         raise MegatronConfigError(
             "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
             f"with order {order!r} the dense pp groups step by {step(decoder)} ranks and the expert ones "
-            f"by {step(expert)}; " + pp_last_hint("change the degrees"),
+            f"by {step(expert)}; " + _pp_last_hint(fix, "change the degrees"),
             field="order",
             value=order,
+            kind="order_pp_not_last",
+            ctx={"works": fix},
             fix=ORDER_FIX,
         )
     if (dp * cp) % n_do:
@@ -1006,6 +1200,11 @@ def model_parallel_layout(
         get_embedding_ranks=get_embedding_ranks,
         get_position_embedding_ranks=get_position_embedding_ranks,
     )
+
+
+def _pp_last_hint(fix: str | None, fallback: str) -> str:
+    """The hint of an order that must end with pp: the order that works, or what else to change."""
+    return f"put pp last, e.g. order={fix!r}" if fix is not None else f"no order works here; {fallback}"
 
 
 def _same_partition(a: MeshLayout, b: MeshLayout) -> bool:
