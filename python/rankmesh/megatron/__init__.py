@@ -39,6 +39,8 @@ from rankmesh.megatron.layout import (
     default_embedding_ranks,
     default_position_embedding_ranks,
     model_parallel_layout,
+    order_problem,
+    working_order,
 )
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ __all__ = [
     "model_parallel_layout",
     "default_embedding_ranks",
     "default_position_embedding_ranks",
+    "working_order",
+    "order_problem",
     # megatron-core's parallel_state and HyperCommGrid on rankmesh (import torch when first used)
     "initialize_model_parallel",
     "destroy_model_parallel",
