@@ -259,13 +259,26 @@ def _registry() -> dict[str, Any]:
     torch adds is in it."""
     out: dict[str, Any] = {}
     for prefix, space in (("_world.", vars(c10d._world)), ("c10d.", vars(c10d))):
-        for n, v in space.items():
-            t = type(v)  # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
-            if (t in _TABLE_TYPES or (t is not bool and issubclass(t, _TABLE_TYPES))) and not n.startswith("__"):
+        names = _table_names.get(prefix)
+        if names is None or not names[1] >= space.keys():  # first look, or a name added since
+            names = _table_names[prefix] = (
+                [n for n, v in space.items() if _is_table(v) and not n.startswith("__")],
+                set(space),
+            )
+        for n in names[0]:
+            v = space.get(n)
+            if _is_table(v):
                 out[prefix + n] = _copy(v)
     return out
 
 
+def _is_table(v: Any) -> bool:
+    t = type(v)  # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
+    return t in _TABLE_TYPES or (t is not bool and issubclass(t, _TABLE_TYPES))
+
+
+#: Per namespace: the names holding tables, and every name seen (a new name means look again).
+_table_names: dict[str, tuple[list[str], set[str]]] = {}
 _TABLE_TYPES = (dict, list, set, int)
 
 
