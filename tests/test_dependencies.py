@@ -119,3 +119,27 @@ def test_report_lists_every_dependency():
     assert set(rows) == set(DEPENDENCIES)
     torch_version, torch_ok = rows["torch"]
     assert torch_version is None or torch_ok  # CI runs torch versions rankmesh has read
+
+
+def test_a_source_checkout_without_metadata_is_read_from_the_module(monkeypatch):
+    """Megatron-LM run from a checkout on PYTHONPATH has no install metadata: the version comes from
+    megatron.core.package_info, so rankmesh neither calls it missing nor refuses it."""
+    pytest.importorskip("megatron.core")
+    from importlib import metadata
+
+    real = metadata.version
+
+    def no_metadata(name):
+        if name == "megatron-core":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(_dependencies.metadata, "version", no_metadata)
+    monkeypatch.setattr(_dependencies, "_versions", {})
+    import megatron.core.package_info as info
+
+    assert _dependencies.version("megatron-core") == info.__version__
+    nope = Dependency("nope", "rankmesh_nope_pkg", ("1",), "x", "", "rankmesh_nope_pkg:v")
+    monkeypatch.setitem(DEPENDENCIES, "nope", nope)
+    monkeypatch.setattr(_dependencies, "_versions", {})
+    assert _dependencies.version("nope") is None

@@ -45,6 +45,7 @@ from rankmesh.errors import (  # noqa: E402
     RankmeshError,
     SizeMismatchError,
     UnknownNameError,
+    UnsupportedVersionError,
 )
 from rankmesh.megatron import model_parallel_layout  # noqa: E402
 from rankmesh.megatron import parallel_state as _megatron_init  # noqa: E402
@@ -329,8 +330,8 @@ def test_an_unsupported_megatron_core_gets_its_own_function_after_one_warning(mo
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once
             rm.initialize_model_parallel(hybrid_context_parallel=True)
-    assert calls[0]["tensor_model_parallel_size"] == 2 and calls[0]["order"] == "tp-dp-pp"
-    assert calls[1]["hybrid_context_parallel"] is True  # a non-default argument always reaches it
+    assert calls[0] == {"tensor_model_parallel_size": 2, "order": "tp-dp-pp"}  # megatron keeps its defaults
+    assert calls[1] == {"hybrid_context_parallel": True}  # a non-default argument always reaches it
     monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: None)
     with pytest.raises(ImportError, match=r"megatron-core 0\.16 \(pip install 'rankmesh\[megatron\]'\)"):
         rm.initialize_model_parallel()
@@ -451,6 +452,17 @@ def test_grid_errors_are_typed_and_megatrons_class(monkeypatch):
         rm.HyperCommGrid([2], ["a"])
     assert isinstance(e.value, RuntimeError) and (e.value.field, e.value.value) == ("WORLD_SIZE", None)
     assert issubclass(GroupExistsError, KeyError) and issubclass(ParallelConfigError, RuntimeError)
+
+
+def test_an_unsupported_megatron_core_after_the_documented_assignment_is_refused_not_recursed(monkeypatch):
+    """README's one-line route (parallel_state.initialize_model_parallel = rankmesh's) leaves no
+    stock function to fall back to: a clear error, never a RecursionError."""
+    monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: "0.15.2")
+    monkeypatch.setattr(ps, "initialize_model_parallel", rm.initialize_model_parallel)
+    with fake_world(8, 0, MESHFAKE):
+        with pytest.raises(UnsupportedVersionError, match="remove the assignment") as e:
+            ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    assert (e.value.field, e.value.value) == ("megatron-core", "0.15.2")
 
 
 def test_create_pg_takes_megatrons_keywords_only(monkeypatch):

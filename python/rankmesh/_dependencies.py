@@ -18,6 +18,7 @@ The policy, the same for each:
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from importlib import metadata
@@ -40,6 +41,9 @@ class Dependency:
     releases: tuple[str, ...]
     extra: str | None
     used_for: str
+    #: ``"module:attribute"`` holding the version, read when the package has no install metadata
+    #: (e.g. Megatron-LM run from a source checkout on ``PYTHONPATH``).
+    version_attr: str | None = None
 
     def supports(self, version: str) -> bool:
         """Whether ``version`` is one of :attr:`releases` (pre-releases and local builds of a
@@ -64,9 +68,21 @@ class Dependency:
 DEPENDENCIES: dict[str, Dependency] = {
     d.distribution: d
     for d in (
-        Dependency("torch", "torch", ("2.13", "2.14", "2.15"), "torch", "process groups and DeviceMesh objects"),
         Dependency(
-            "torchtitan", "torchtitan", ("0.3.0",), "torchtitan", "rankmesh.torchtitan.accelerate() (ParallelDims)"
+            "torch",
+            "torch",
+            ("2.13", "2.14", "2.15"),
+            "torch",
+            "process groups and DeviceMesh objects",
+            "torch:__version__",
+        ),
+        Dependency(
+            "torchtitan",
+            "torchtitan",
+            ("0.3.0",),
+            "torchtitan",
+            "rankmesh.torchtitan.accelerate() (ParallelDims)",
+            "torchtitan:__version__",
         ),
         Dependency(
             "spmd_types",
@@ -81,6 +97,7 @@ DEPENDENCIES: dict[str, Dependency] = {
             ("0.16",),
             "megatron",
             "rankmesh.megatron.initialize_model_parallel (0.16) and the Megatron-FSDP patch (0.16.1)",
+            "megatron.core.package_info:__version__",
         ),
         Dependency(
             "einops", "einops", ("0",), "megatron", "megatron-core's partial-DistOpt and hierarchical-cp groups"
@@ -96,17 +113,30 @@ _versions: dict[str, str | None] = {}
 
 
 def version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (a key of :data:`DEPENDENCIES`), or None."""
+    """The installed version of ``distribution`` (a key of :data:`DEPENDENCIES`), or None: its
+    install metadata, else (a source checkout on ``PYTHONPATH``) its :attr:`Dependency.version_attr`."""
     if distribution not in _versions:
         try:
             _versions[distribution] = metadata.version(distribution)
         except metadata.PackageNotFoundError:
-            _versions[distribution] = None
+            _versions[distribution] = _version_from_module(DEPENDENCIES[distribution])
     return _versions[distribution]
 
 
+def _version_from_module(dep: Dependency) -> str | None:
+    if dep.version_attr is None or not available(dep.distribution):
+        return None
+    module, attr = dep.version_attr.split(":")
+    try:
+        value = getattr(importlib.import_module(module), attr, None)
+    except Exception:  # noqa: BLE001 - a package that fails to import has no version to read
+        return None
+    return None if value is None else str(value)
+
+
 def available(distribution: str) -> bool:
-    """Whether ``distribution``'s module can be imported (without importing it)."""
+    """Whether ``distribution``'s module can be found (``importlib.util.find_spec``: the module
+    itself is not imported, but a dotted name's parent packages are)."""
     module = DEPENDENCIES[distribution].module
     try:
         return importlib.util.find_spec(module) is not None
@@ -114,14 +144,18 @@ def available(distribution: str) -> bool:
         return False
 
 
-def unsupported(distribution: str, releases: tuple[str, ...] | None = None) -> str | None:
+def unsupported(
+    distribution: str, releases: tuple[str, ...] | None = None, *, installed: str | None = ""
+) -> str | None:
     """Why the installed ``distribution`` is not one rankmesh has read (not installed, or another
     version), or None when it is. ``releases`` narrows :attr:`Dependency.releases` for a feature
-    read against fewer (e.g. the Megatron-FSDP patch: ``("0.16.1",)``)."""
+    read against fewer (e.g. the Megatron-FSDP patch: ``("0.16.1",)``); ``installed`` is the
+    version to judge (default: :func:`version`'s answer; None: not installed)."""
     dep = DEPENDENCIES[distribution]
     if releases is not None:
         dep = Dependency(dep.distribution, dep.module, releases, dep.extra, dep.used_for)
-    installed = version(distribution)
+    if installed == "":
+        installed = version(distribution)
     if installed is None:
         return f"{distribution} is not installed (pip install 'rankmesh[{dep.extra}]')"
     if not dep.supports(installed):

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rankmesh._check import as_sequence, check_str
-from rankmesh._dependencies import DEPENDENCIES, warn_unsupported
+from rankmesh._dependencies import DEPENDENCIES, unsupported, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
-from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError
+from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError, UnsupportedVersionError
 
 __all__ = [
     "SUPPORTED_MEGATRON_CORE",
@@ -100,21 +100,41 @@ def parallel_state():
 
 
 def _stock(ps: Any, version: str, args: dict[str, Any]) -> None:
-    """megatron-core's own ``initialize_model_parallel`` with the caller's arguments (those its
-    signature takes, and any given a non-default value, so that it refuses what it does not know)."""
+    """megatron-core's own ``initialize_model_parallel`` with the arguments the caller gave a
+    value other than rankmesh's default (megatron-core keeps its own defaults for the rest, and
+    refuses what it does not know), after the policy's one warning."""
     import inspect
 
+    unread = unsupported("megatron-core", installed=version)
+    stock = ps.initialize_model_parallel
+    if getattr(stock, "__module__", None) == __name__:  # parallel_state's own was replaced by this one
+        raise UnsupportedVersionError(
+            f"{unread}, and parallel_state.initialize_model_parallel is rankmesh's, so there is no stock "
+            "function left to run; remove the assignment that put rankmesh's there, or install megatron-core "
+            f"{', '.join(SUPPORTED_MEGATRON_CORE)}",
+            field="megatron-core",
+            value=version,
+        )
     warn_unsupported(
         "megatron-core",
-        f"megatron-core {version} is not a version rankmesh has read (supported: {', '.join(SUPPORTED_MEGATRON_CORE)})",
+        unread,
         "rankmesh.megatron.initialize_model_parallel calls megatron-core's own (every group of the job on "
         "every rank, as without rankmesh)",
         stacklevel=4,
     )
-    stock = ps.initialize_model_parallel
-    takes = inspect.signature(stock).parameters
     defaults = {k: p.default for k, p in inspect.signature(initialize_model_parallel).parameters.items()}
-    stock(**{k: v for k, v in args.items() if k in takes or v != defaults[k]})
+    stock(**{k: v for k, v in args.items() if _given(v, defaults[k])})
+
+
+def _given(value: Any, default: Any) -> bool:
+    """Whether an argument differs from rankmesh's default for it (any value that cannot be
+    compared counts as given)."""
+    if value is default:
+        return False
+    try:
+        return bool(value != default)
+    except Exception:  # noqa: BLE001 - e.g. an array: pass it on
+        return True
 
 
 def initialize_model_parallel(

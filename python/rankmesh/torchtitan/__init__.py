@@ -87,12 +87,7 @@ _installed_le = False
 
 def _version_reason() -> str | None:
     """Why the installed torchtitan is not one rankmesh has read (None when it is)."""
-    version = installed_version()
-    if version is None:
-        return unsupported("torchtitan")
-    if DEPENDENCIES["torchtitan"].supports(version):
-        return None
-    return f"torchtitan {version} is not a version rankmesh has read (supported: {', '.join(SUPPORTED_VERSIONS)})"
+    return unsupported("torchtitan", installed=installed_version())
 
 
 def _recognise(original: Any) -> str | None:
