@@ -215,6 +215,10 @@ def test_the_registry_diff_sees_writes_and_normalises_the_new_group():
         "c10d.n": 1,
     }
     assert fg._writes_differing(writes, {**writes, "c10d.n": 2}) == ["c10d.n"]
+    other = object()  # a set table: only what the call added counts, not what was there
+    before, after = {"c10d.s": {other}}, {"c10d.s": {other, pg}}
+    with mock.patch.object(fg, "_registry", lambda: after), mock.patch.dict(c10d._world.pg_names, {pg: "NAME"}):
+        assert fg._writes(before, pg) == {"c10d.s": ["'<group>'"]}
 
 
 def test_native_group_name_equals_torchs_hash():
@@ -383,3 +387,40 @@ def test_non_member_split_and_the_narrowed_table():
         drew = fg.split_non_member(4, group_desc="x")
         assert drew == (c10d._world.group_count != count)
         assert c10d._world.pg_group_ranks[default] is table and len(table) == 16
+
+
+@needs_fast_split
+def test_a_table_only_torchs_split_writes_is_found(monkeypatch):
+    monkeypatch.setattr(c10d, "_rankmesh_future_split_table", set(), raising=False)
+    real = dist.split_group
+
+    def split_group(*args, **kwargs):
+        pg = real(*args, **kwargs)
+        c10d._rankmesh_future_split_table.add(pg)
+        return pg
+
+    monkeypatch.setattr(dist, "split_group", split_group)
+    with bound_fake_world(8, 3):
+        count = c10d._world.group_count
+        reason = fg._split_probe_reason()
+        assert reason is not None and "c10d._rankmesh_future_split_table" in reason, reason
+        assert c10d._world.group_count == count
+
+
+@needs_fast_split
+def test_rankmesh_disable_fast_groups_leaves_the_split_rank_table_alone(monkeypatch):
+    """Disabled, rankmesh writes nothing of c10d's: not even the narrowed rank table torch's own
+    split_group would otherwise be shown."""
+    monkeypatch.setenv("RANKMESH_DISABLE", "fast_groups")
+    seen = []
+    real = dist.split_group
+
+    def split_group(*args, **kwargs):
+        seen.append(len(c10d._world.pg_group_ranks[c10d._get_default_group()]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "split_group", split_group)
+    with bound_fake_world(8, 3):
+        pg = fg.split_member_group(np.asarray([1, 3], dtype=np.int32))
+        fg.split_non_member(5)
+        assert seen == [8, 8] and dist.get_process_group_ranks(pg) == [1, 3]

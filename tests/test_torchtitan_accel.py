@@ -401,3 +401,21 @@ def test_the_acceleration_is_the_registrys_torchtitan_patch(monkeypatch):
         warnings.simplefilter("error")
         off = rt.accelerate()
     assert not off.active and "RANKMESH_DISABLE" in off.reason and tpd.init_device_mesh is torch_init_device_mesh
+
+
+def test_an_old_handle_touches_nothing_after_restore_all():
+    """After restore_all(), what someone installs again is theirs: an old handle's restore() leaves
+    it, and the handle does not call itself active again."""
+    from rankmesh import patches
+
+    pytest.importorskip("spmd_types")
+    acc = rt.accelerate()
+    assert acc.active and patches.get("spmd_axis_le").installed
+    patches.restore_all()
+    assert patches.get("spmd_axis_le").install() and rt.PATCH.install()  # someone else's, now
+    try:
+        assert not acc.active
+        acc.restore()
+        assert patches.get("spmd_axis_le").installed and rt.PATCH.installed
+    finally:
+        patches.restore_all()

@@ -156,6 +156,9 @@ def bodies_unknown(path: str) -> str | None:
         listed = ", ".join(KNOWN_BODIES[path])
         return f"torch {torch.__version__} is not a release rankmesh's {path} path is known for ({listed})"
     fns = {name: getattr(c10d, name, None) for name in known}
+    missing = [name for name, fn in fns.items() if not callable(fn)]
+    if missing:
+        return f"torch.distributed lacks {missing}"
     key = (path, tuple(known.items()), tuple(id(f) for f in fns.values()))  # same bodies: same answer
     if key not in _bodies_checked:
         _bodies_checked[key] = next(
@@ -172,23 +175,15 @@ def bodies_unknown(path: str) -> str | None:
 _bodies_checked: dict[tuple[Any, ...], str | None] = {}
 
 
-def _scheme() -> str | None:
-    """How this torch salts hashed group names: ``"group_count"`` (2.15: the counter every
-    rank advances on every group-name draw) or ``"pg_names"`` (2.13: the number of groups this
-    rank has registered; the counter moves only for unhashed names); None if neither."""
-    fn = getattr(c10d, "_hash_ranks_to_str", None)
-    pgn = getattr(c10d, "_process_group_name", None)
-    if fn is None or pgn is None:
-        return None
-    names = set(fn.__code__.co_names)
-    if "group_count" in names and "pg_names" not in names and "group_count" in pgn.__code__.co_names:
-        return "group_count"
-    if "pg_names" in names and "group_count" not in names:
-        return "pg_names"
-    return None
+#: How each release salts hashed group names: ``"group_count"`` (2.14, 2.15: the counter every
+#: rank advances on every group-name draw) or ``"pg_names"`` (2.13: the number of groups this rank
+#: has registered; the counter moves only for unhashed names). The body hashes of
+#: ``_process_group_name`` and ``_hash_ranks_to_str`` in :data:`KNOWN_BODIES` pin it, and the
+#: start-up check compares the names both ways.
+SCHEMES: dict[str, str] = {"2.13": "pg_names", "2.14": "group_count", "2.15": "group_count"}
 
 
-SCHEME: str | None = _scheme()
+SCHEME: str | None = SCHEMES.get(torch_release())
 _state: dict[int, bool] = {}  # id(default group) -> fast path usable
 
 
@@ -259,26 +254,25 @@ def _registry() -> dict[str, Any]:
     torch adds is in it."""
     out: dict[str, Any] = {}
     for prefix, space in (("_world.", vars(c10d._world)), ("c10d.", vars(c10d))):
-        names = _table_names.get(prefix)
-        if names is None or not names[1] >= space.keys():  # first look, or a name added since
-            names = _table_names[prefix] = (
-                [n for n, v in space.items() if _is_table(v) and not n.startswith("__")],
-                set(space),
-            )
-        for n in names[0]:
-            v = space.get(n)
-            if _is_table(v):
+        for n, v in space.items():
+            if _is_table(v) and not n.startswith("__"):
                 out[prefix + n] = _copy(v)
     return out
 
 
 def _is_table(v: Any) -> bool:
     t = type(v)  # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
-    return t in _TABLE_TYPES or (t is not bool and issubclass(t, _TABLE_TYPES))
+    if t in _TABLE_TYPES:
+        return True
+    if t in _NOT_TABLES:
+        return False
+    if t is not bool and issubclass(t, _TABLE_TYPES):
+        return True
+    _NOT_TABLES.add(t)
+    return False
 
 
-#: Per namespace: the names holding tables, and every name seen (a new name means look again).
-_table_names: dict[str, tuple[list[str], set[str]]] = {}
+_NOT_TABLES: set[type] = set()  # types seen that hold no table (functions, classes, modules, ...)
 _TABLE_TYPES = (dict, list, set, int)
 
 
@@ -335,7 +329,8 @@ def _writes(before: dict[str, Any], pg: Any, after: dict[str, Any] | None = None
                 out[table] = sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in changed)
         elif isinstance(a, (list, set)) and isinstance(b, (list, set)):
             if a != b:
-                out[table] = sorted(repr(_normal(x, pg, name)) for x in (b if isinstance(b, set) else b[len(a) :]))
+                grown = [x for x in b if x not in a] if isinstance(b, set) else b[len(a) :]
+                out[table] = sorted(repr(_normal(x, pg, name)) for x in grown)
         elif isinstance(a, int) and isinstance(b, int):
             if a != b:
                 out[table] = b - a
@@ -407,7 +402,7 @@ def self_check(backend: str = "fake") -> bool:
 
 
 def _warn_once(message: str) -> None:
-    warn_once(("fast_groups", message), f"rankmesh: {message} (correct, but O(members) Python per group)", stacklevel=3)
+    warn_once(("fast_groups", message), f"rankmesh: {message} (correct, but O(members) Python per group)", stacklevel=4)
 
 
 def uses_fast_path(backend: str | None) -> bool:
@@ -565,8 +560,12 @@ def narrowed_parent_ranks(parent: dist.ProcessGroup, ranks: list[int], world_siz
     the split. For the default group that dict is the identity, so a copy restricted to ``ranks``
     (which holds this rank) gives ``split_group`` exactly the same answers in O(group size). The
     full table is put back before returning, also on error. Anything unexpected (another parent,
-    a table that is not the identity, a torch without the table) leaves the table alone.
+    a table that is not the identity, a torch without the table), or ``RANKMESH_DISABLE=fast_groups``,
+    leaves the table alone.
     """
+    if disabled(FAST_GROUPS):
+        yield
+        return
     try:
         table = c10d._world.pg_group_ranks
         full = table[parent]

@@ -18,7 +18,7 @@ from typing import Any
 
 from rankmesh._once import warn_once
 
-__all__ = ["Patch", "body_unknown", "disabled", "source_hash"]
+__all__ = ["SWITCHES", "Patch", "body_unknown", "disabled", "source_hash", "text_hash"]
 
 _lock = threading.RLock()
 
@@ -57,10 +57,26 @@ def body_unknown(what: str, fn: Any, known: Any) -> str | None:
     return None if digest in known else f"{what} has a body rankmesh does not know (hash {digest})"
 
 
+#: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches` and
+#: ``fast_groups`` (rankmesh's writes to c10d's registry, which replace no attribute).
+SWITCHES: frozenset[str] = frozenset({"concatenate", "spmd_axis_le", "torchtitan", "megatron_fsdp", "fast_groups"})
+
+
 def disabled(name: str) -> bool:
-    """Whether ``RANKMESH_DISABLE`` (comma-separated patch names, or ``all``) names ``name``."""
+    """Whether ``RANKMESH_DISABLE`` (comma-separated names of :data:`SWITCHES`, or ``all``) names
+    ``name``. A name it does not know is warned about once (a typo would otherwise be ignored)."""
     raw = os.environ.get("RANKMESH_DISABLE", "")
+    if not raw:
+        return False
     names = {n.strip() for n in raw.split(",") if n.strip()}
+    unknown = sorted(names - SWITCHES - {"all"})
+    if unknown:
+        warn_once(
+            ("RANKMESH_DISABLE", raw),
+            f"rankmesh: RANKMESH_DISABLE={raw!r} names {unknown}, which rankmesh does not know; "
+            f"the names are {sorted(SWITCHES)} or all",
+            stacklevel=3,
+        )
     return "all" in names or name in names
 
 
@@ -91,6 +107,8 @@ class Patch:
         recognise: Callable[[Any], str | None],
         wrap: Callable[[Any], Any] | None = None,
     ) -> None:
+        if name not in SWITCHES:
+            raise ValueError(f"patch {name!r} is not in rankmesh._patch.SWITCHES; list it there")
         self.name = name
         self.owner = owner
         self.attribute = attribute
@@ -106,6 +124,11 @@ class Patch:
     @property
     def target(self) -> str:
         return f"{self.owner}.{self.attribute}"
+
+    @property
+    def replacement(self) -> Any:
+        """The replacement in place now (a new object on every install), or None."""
+        return self._replacement if self.installed else None
 
     @property
     def installed(self) -> bool:

@@ -379,10 +379,10 @@ class MegatronStateError(DistributedStateError, AssertionError):
 
 class UnsupportedVersionError(RankmeshError, RuntimeError):
     """An installed framework version that rankmesh has not been proved against (``field`` is
-    the package, ``value`` its version); the message names the supported range. rankmesh's own
-    policy for such a version is to warn once and run the framework's stock code
-    (:mod:`rankmesh._dependencies`), so nothing in rankmesh raises it now; it stays for callers
-    that catch it."""
+    the package, ``value`` its version); the message names the supported range. rankmesh's policy
+    for such a version is to warn once and run the framework's stock code
+    (:mod:`rankmesh._dependencies`); this is raised only where no stock code is left to run
+    (``parallel_state.initialize_model_parallel`` replaced by rankmesh's, on an unread megatron-core)."""
 
 
 class GroupExistsError(RankmeshError, KeyError):

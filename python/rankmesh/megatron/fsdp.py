@@ -32,7 +32,6 @@ megatron-core version in :data:`KNOWN_VERSIONS` whose method and helper bodies h
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,8 +71,6 @@ KNOWN_BODY_HASHES: dict[str, frozenset[str]] = {
 _DEVICE_TYPE = "cuda"  # what megatron-core 0.16 hard-codes for these meshes
 _DENSE_NAMES = ("dp_cp", "tp")
 _HSDP_NAMES = ("outer_fsdp_dp", "dp_cp", "tp")
-
-_lock = threading.Lock()
 
 
 # -- the patch ---------------------------------------------------------------------------------

@@ -78,11 +78,11 @@ _TARGET_MODULE = "torchtitan.distributed.parallel_dims"
 _TARGET_NAME = "init_device_mesh"
 
 _lock = threading.Lock()
-# The handle of the accelerate() call that installed PATCH (only it, or restore(), takes it out).
-_owner: Acceleration | None = None
-# Whether accelerate() installed spmd_types' MeshAxis.__le__ patch (then restoring takes it out;
-# one installed by someone else through rankmesh.patches stays).
-_installed_le = False
+# What the accelerate() call in force installed: its handle, PATCH's replacement and spmd_types'
+# MeshAxis.__le__ replacement (None when that one was not its to install). Only what is still in
+# place is taken out: after rankmesh.patches.restore_all() and a later install by someone else,
+# an old handle touches nothing.
+_owner: tuple[Acceleration, Any, Any] | None = None
 
 
 def _version_reason() -> str | None:
@@ -140,14 +140,14 @@ class Acceleration:
 
     @property
     def active(self) -> bool:
-        """True while this handle's patch is in place."""
-        return _owner is self and PATCH.installed
+        """True while the patch this handle installed is in place."""
+        return _owner is not None and _owner[0] is self and PATCH.replacement is _owner[1]
 
     def restore(self) -> None:
         """Put torch's ``init_device_mesh`` (and spmd_types' ``MeshAxis.__le__``) back, if this
-        handle installed rankmesh's."""
+        handle installed rankmesh's and they are still in place."""
         with _lock:
-            if _owner is self:
+            if _owner is not None and _owner[0] is self:
                 _unpatch()
 
     def __enter__(self) -> Acceleration:
@@ -164,33 +164,38 @@ class Acceleration:
 
 
 def _unpatch() -> None:
-    global _owner, _installed_le
-    PATCH.restore()
+    """Take out what the acceleration in force installed, where it is still in place."""
+    global _owner
+    if _owner is not None:
+        _, titan, le = _owner
+        if PATCH.replacement is titan:
+            PATCH.restore()
+        if le is not None:
+            from rankmesh.torchtitan import spmd_axis
+
+            if spmd_axis.PATCH.replacement is le:
+                spmd_axis.PATCH.restore()
     _owner = None
-    if _installed_le:
-        from rankmesh.torchtitan import spmd_axis
-
-        spmd_axis.PATCH.restore()
-        _installed_le = False
 
 
-def _install_le() -> bool:
-    """Install spmd_types' ``MeshAxis.__le__`` patch where spmd_types is installed; whether this
-    call put it in (False when it was already in, is disabled, or is not recognised)."""
+def _install_le() -> Any:
+    """Install spmd_types' ``MeshAxis.__le__`` patch where spmd_types is installed; its
+    replacement when this call put it in, else None (already in, disabled, or not recognised)."""
     if not available("spmd_types"):
-        return False
+        return None
     from rankmesh.torchtitan import spmd_axis
 
     patch = spmd_axis.PATCH
-    return not patch.installed and patch.install()
+    return patch.replacement if not patch.installed and patch.install() else None
 
 
 def restore() -> None:
-    """Put torch's path (and spmd_types' ``MeshAxis.__le__``) back whoever turned the acceleration
-    on (e.g. the ``--module`` route). Meshes built meanwhile stay as they are. Harmless when not
-    accelerated."""
+    """Put torch's path (and spmd_types' ``MeshAxis.__le__``, where the acceleration put it in)
+    back whoever turned the acceleration on (e.g. the ``--module`` route). Meshes built meanwhile
+    stay as they are. Harmless when not accelerated."""
     with _lock:
         _unpatch()
+        PATCH.restore()
 
 
 def installed_version() -> str | None:
@@ -222,7 +227,7 @@ def accelerate() -> Acceleration:
     process, or use it as a context manager to restore torch's path on exit. Calling it again
     while it is active is harmless (the second handle does nothing on exit).
     """
-    global _owner, _installed_le
+    global _owner
     reason = _version_reason()
     if reason is not None:
         what = (
@@ -250,6 +255,5 @@ def accelerate() -> Acceleration:
         if not PATCH.install():
             return Acceleration(f"the patch {PATCH.name!r} is disabled (RANKMESH_DISABLE) or not recognised")
         handle = Acceleration()
-        _owner = handle
-        _installed_le = _install_le()
+        _owner = (handle, PATCH.replacement, _install_le())
         return handle

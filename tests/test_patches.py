@@ -1,0 +1,38 @@
+"""The registry of what rankmesh changes in torch and frameworks (rankmesh.patches): every switch
+``RANKMESH_DISABLE`` takes is a patch of the registry or ``fast_groups``, and a name it does not
+know is said once instead of being ignored."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+pytest.importorskip("torch")
+from rankmesh import _once, _patch, patches  # noqa: E402
+
+
+def test_every_switch_is_a_patch_or_fast_groups():
+    assert set(patches.REGISTRY) | {"fast_groups"} == _patch.SWITCHES
+    for name, p in patches.REGISTRY.items():
+        assert p.name == name and p.why and p.versions and "." in p.target
+
+
+def test_a_patch_outside_the_switches_is_refused():
+    with pytest.raises(ValueError, match="SWITCHES"):
+        _patch.Patch("bogus", "os", "sep", lambda o: o, why="", versions="", recognise=lambda o: None)
+
+
+def test_an_unknown_disable_name_warns_once_and_the_known_ones_still_count(monkeypatch):
+    monkeypatch.setattr(_once, "_seen", set())
+    monkeypatch.setenv("RANKMESH_DISABLE", "fastgroups, concatenate")
+    with pytest.warns(RuntimeWarning, match=r"names \['fastgroups'\], which rankmesh does not know"):
+        assert _patch.disabled("concatenate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not _patch.disabled("fast_groups")  # the typo disables nothing, and is said once
+    monkeypatch.setenv("RANKMESH_DISABLE", "all")
+    assert all(_patch.disabled(n) for n in _patch.SWITCHES)
+    monkeypatch.delenv("RANKMESH_DISABLE")
+    assert not any(_patch.disabled(n) for n in _patch.SWITCHES)
+
