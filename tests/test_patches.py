@@ -36,3 +36,43 @@ def test_an_unknown_disable_name_warns_once_and_the_known_ones_still_count(monke
     monkeypatch.delenv("RANKMESH_DISABLE")
     assert not any(_patch.disabled(n) for n in _patch.SWITCHES)
 
+
+
+def _decorated(fn):
+    return fn
+
+
+@_decorated
+def _ends_in_a_call(a, b):
+    return max(
+        a,
+        b,
+    )
+
+
+def _ends_in_a_block(xs):
+    total = 0
+    for x in xs:
+        total += x
+        # a comment inside, at the end
+    return total
+
+
+def test_source_hash_cuts_the_same_text_as_inspect_getsource():
+    """The body hash reads a function straight from its file (no tokenizing), yet cuts exactly what
+    inspect.getsource does: decorators in, a last statement spread over lines in, whatever line the
+    interpreter gives the last instruction."""
+    import hashlib
+    import inspect
+
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def by_tokens(fn):
+        text = "\n".join(line.strip() for line in inspect.getsource(fn).splitlines() if line.strip())
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    fns = [_ends_in_a_call, _ends_in_a_block, c10d.new_group, c10d.split_group, c10d._new_group_with_tag]
+    fns += [DeviceMesh.__init__, DeviceMesh._concatenate if hasattr(DeviceMesh, "_concatenate") else DeviceMesh.size]
+    for fn in fns:
+        assert _patch.source_hash(fn) == by_tokens(inspect.unwrap(fn)), fn

@@ -108,25 +108,25 @@ _TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_t
 #: The torch bodies each fast path reproduces, by torch release: the
 #: :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
 #: listed release whose bodies all hash as listed; anything else gets torch's own calls, after one
-#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources with
-#: :func:`rankmesh._patch.text_hash`, compiled by CPython 3.11; another CPython may place a body's
-#: last code line elsewhere, and then the gate falls back, never the other way.)
+#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources, compiled
+#: and cut with :func:`rankmesh._patch.code_lines`, without installing them; they equal what
+#: ``inspect.getsource`` gives, as do the others.)
 KNOWN_BODIES: dict[str, dict[str, dict[str, str]]] = {
     "new_group": {
         "2.13": {
-            "new_group": "8d7a547337aa0f96",
+            "new_group": "47374139b94f2439",
             "_new_group_with_tag": "611b36bbe829f9ab",
             "_process_group_name": "7e6fc29384da5cd8",
             "_hash_ranks_to_str": "0b18a6130bc29871",
         },
         "2.14": {
-            "new_group": "5217191d18b1e9e3",
+            "new_group": "40b4162dab7111dd",
             "_new_group_with_tag": "cb54f76632d7c2f8",
             "_process_group_name": "710d483e6c074a3f",
             "_hash_ranks_to_str": "6b4e40a881640221",
         },
         "2.15": {
-            "new_group": "7d9c16f28aa23612",
+            "new_group": "3ce46582957e046d",
             "_new_group_with_tag": "cb54f76632d7c2f8",
             "_process_group_name": "710d483e6c074a3f",
             "_hash_ranks_to_str": "6b4e40a881640221",

@@ -18,7 +18,7 @@ from typing import Any
 
 from rankmesh._once import warn_once
 
-__all__ = ["SWITCHES", "Patch", "body_unknown", "disabled", "source_hash", "text_hash"]
+__all__ = ["SWITCHES", "Patch", "body_unknown", "code_lines", "disabled", "source_hash", "text_hash"]
 
 _lock = threading.RLock()
 
@@ -27,17 +27,38 @@ def source_hash(fn: Any) -> str:
     """The first 16 hex digits of the SHA-256 of ``fn``'s source with blank lines and surrounding
     whitespace dropped: what a patch or a fast path compares to recognise the body it replaces or
     reproduces (a new release that changes the body changes the hash, whatever its version string
-    says). The source is read from ``fn``'s first line (its first decorator) to the last line that
-    holds code, straight from the file (no tokenizing: ~0.1 ms a function once the file is read)."""
+    says). The source is read straight from the file, without tokenizing (~0.1 ms a function once
+    the file is read): see :func:`code_lines`."""
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     code = getattr(fn, "__code__", None)
     if code is None:
         raise TypeError(f"{fn!r} is not a Python function")
     lines = linecache.getlines(code.co_filename)
-    last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
-    if not lines or last > len(lines):
+    if not lines:
         raise OSError(f"the source of {fn!r} is not available")
-    return text_hash(lines[code.co_firstlineno - 1 : last])
+    return text_hash(code_lines(code, lines))
+
+
+def code_lines(code: Any, lines: list[str]) -> list[str]:
+    """The lines of the function ``code`` compiles, out of its file's ``lines``: from its first line
+    (its first decorator) through its last statement. The last statement is found from the last
+    line that holds code, then followed while lines are indented deeper than the ``def`` or close a
+    bracket, so where a CPython places the last instruction does not change the answer."""
+    first = code.co_firstlineno - 1
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=first + 1)
+    if last > len(lines):
+        raise OSError("the source file is shorter than the code")
+    base = len(lines[first]) - len(lines[first].lstrip())
+    end = last
+    for j in range(last, len(lines)):
+        text = lines[j].strip()
+        if not text:
+            continue
+        if len(lines[j]) - len(lines[j].lstrip()) > base or text[0] in ")]}":
+            end = j + 1
+            continue
+        break
+    return lines[first:end]
 
 
 def text_hash(lines: Any) -> str:
