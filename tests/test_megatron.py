@@ -488,8 +488,12 @@ def test_process_groups_and_device_mesh(rank):
         assert pgs["tp"] is pgs["ep_tp"]  # same partition, one process group
         report = builder.report()
         assert report.created == len({id(pg) for pg in pgs.values()})
-        with pytest.raises(ParallelConfigError):
+        with pytest.raises(ParallelConfigError, match=r"groups.group\(builder, m, rank, 'embd'\) on every rank"):
             groups.process_groups(m, builder, names=["embd"])
+        embd = groups.group(builder, m, rank, "embd")  # the way the message names
+        assert (embd is None) == (m.group(rank, "embd") is None)
+        with pytest.raises(ArgumentTypeError, match="RankGenerator or a ModelParallelLayout"):
+            groups.mesh_builder(m.layout("tp"))
         dm = groups.device_mesh(m.decoder, ["pp", "dp-cp", "tp"], builder)
         assert tuple(dm.mesh_dim_names) == ("pp", "dp_cp", "tp") and tuple(dm.shape) == (2, 16, 2)
         assert dist.get_process_group_ranks(dm.get_group("dp_cp")) == m.group(rank, "dp_cp").tolist()

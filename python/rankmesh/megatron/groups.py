@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rankmesh.errors import ParallelConfigError
+from rankmesh._check import type_name
+from rankmesh.errors import ArgumentTypeError, ParallelConfigError
 from rankmesh.megatron.layout import ModelParallelLayout, RankGenerator
 from rankmesh.mesh import FastDeviceMesh
 from rankmesh.process_groups import MeshBuilder
@@ -61,6 +62,10 @@ def mesh_builder(
     """A :class:`~rankmesh.MeshBuilder` over the world of a generator or of a
     :class:`~rankmesh.ModelParallelLayout` (its dense generator's world, which the expert one shares)."""
     g = of.decoder if isinstance(of, ModelParallelLayout) else of
+    if not isinstance(g, RankGenerator):
+        raise ArgumentTypeError(
+            f"of must be a RankGenerator or a ModelParallelLayout, got {type_name(of)}", field="of", value=of
+        )
     return MeshBuilder(_whole_world(g).world, device_type=device_type, rank=rank, size_one_fake=size_one_fake)
 
 
@@ -88,8 +93,8 @@ def process_groups(m: ModelParallelLayout, builder: MeshBuilder, names: Iterable
     for name in wanted:  # every name checked before any group is created
         if not m.covers_world(name):
             raise ParallelConfigError(
-                f"{name!r} groups do not cover the world; create them with "
-                f"torch.distributed.new_group(group(rank, {name!r})) on their members",
+                f"{name!r} groups do not cover the world, so they are not made here; make them with "
+                f"rankmesh.megatron.groups.group(builder, m, rank, {name!r}) on every rank, in the same order",
                 field="names",
                 value=name,
             )
