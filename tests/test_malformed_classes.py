@@ -263,6 +263,9 @@ def test_2_working_order_is_pure(monkeypatch):
     assert not [k for k, v in vars(layout_module).items() if isinstance(v, ContextVar)]
     for gone in ("_ORDER_PROVER", "_PROVING", "_orders_proved_by", "_first_that_works", "_proved_order"):
         assert not hasattr(layout_module, gone)
+    # one home per order rule: the calls raise from the same _OrderCheck that order_problem renders
+    for copy in ("_names_problem", "_missing_problem", "_missing_dim_error", "_is_degree"):
+        assert not hasattr(layout_module, copy)
     monkeypatch.setattr(layout_module, "RankGenerator", refuse)
     monkeypatch.setattr(layout_module, "model_parallel_layout", refuse)
     every = BAD_ORDERS + ["tp-cp-ep-dp-pp", "tp-pp-ep-dp", "pp", object()]

@@ -5,13 +5,12 @@ as ``"tp-cp-ep-dp-pp"`` maps to a mesh, with a worked example, is in :mod:`rankm
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from rankmesh._check import as_int, check_degrees, check_str, check_unique, degree_fix, positive_int
+from rankmesh._check import as_int, check_degrees, check_str, degree_fix, positive_int
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -22,6 +21,7 @@ from rankmesh.errors import (
     InvalidSizeError,
     MegatronConfigError,
     ParallelConfigError,
+    RankmeshError,
     RankOutOfRangeError,
     SizeMismatchError,
     SliceOrderError,
@@ -49,7 +49,7 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 ORDER_FIX = "name every dim of size > 1 once in {order}, joined by '-' with pp last"
 _WORLD_FIX = "make {world_size} a multiple of tp*pp*cp and of etp*ep*pp, or change the degrees"
 
-# -- which order works: one pure check, read by every order hint and by the command line ---------
+# -- which order works: one check, read by the calls themselves, every order hint and the CLI ----
 
 
 def _order_candidates(names: Sequence[str], missing: Sequence[str] = ()) -> list[str]:
@@ -64,33 +64,84 @@ def _order_candidates(names: Sequence[str], missing: Sequence[str] = ()) -> list
     return ["-".join(base), "-".join(pp_last), DEFAULT_ORDER]
 
 
-def _is_degree(value: object) -> bool:
-    """Whether ``value`` is an int >= 1 as :func:`~rankmesh._check.positive_int` reads one, without raising."""
-    if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
-        return False
-    return operator.index(value) >= 1
+class _Fault(NamedTuple):
+    """The first rule a call breaks, found without raising: ``rule`` (which check), ``reason``
+    (:func:`order_problem`'s words) and what the call's error names: ``name`` (the order's bad
+    name, or the dim it leaves out), ``size`` (that dim's size), ``missing`` (every dim left out),
+    or ``error`` where a shared check of :mod:`rankmesh._check` made it."""
+
+    rule: str
+    reason: str
+    name: str = ""
+    size: int = 0
+    missing: tuple[str, ...] = ()
+    error: RankmeshError | None = None
 
 
-def _names_problem(order: object) -> tuple[list[str], str | None]:
-    """``order``'s names as :func:`_split_names` reads them, and why they cannot be an order (not
-    a str, an empty or unknown name, a name twice) or None. Never raises."""
-    if not isinstance(order, str):
-        return [], f"the order must be a str like 'tp-dp', not {type(order).__name__}"
-    names = order.lower().split("-")
-    for i, n in enumerate(names):
+def _names_fault(text: object, field: str, unique: bool = False) -> tuple[list[str], _Fault | None]:
+    """``text``'s names (``"tp-dp"`` -> ``["tp", "dp"]``, lower-cased) and the first rule they
+    break, or None: not a str (or not valid text), an empty or unknown name, with ``unique`` a name
+    twice. Never raises; :func:`_names_error` is the error of each."""
+    if not isinstance(text, str):
+        return [], _Fault("not_str", f"the {field} must be a str like 'tp-dp', not {type(text).__name__}")
+    try:
+        check_str(text, field)
+    except ArgumentTypeError as e:
+        return [], _Fault("not_text", f"the {field} is not valid UTF-8 text", error=e)
+    names = text.lower().split("-")
+    for n in names:
+        if not n:
+            return [], _Fault("empty_name", f"the {field} {text!r} has an empty name")
         if n not in MEGATRON_DIMS:
-            return [], f"the order {order!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}"
-        if n in names[:i]:
-            return [], f"the order {order!r} names {n!r} twice"
+            known = ", ".join(MEGATRON_DIMS)
+            return [], _Fault("unknown_name", f"the {field} {text!r} names {n!r}, which is not one of {known}", n)
+    if unique and len(set(names)) < len(names):
+        twice = next(n for i, n in enumerate(names) if n in names[:i])
+        return [], _Fault("duplicate_name", f"the {field} {text!r} names {twice!r} twice", twice)
     return names, None
 
 
-def _missing_problem(names: Sequence[str], sizes: dict[str, int], where: str) -> str | None:
-    """Why ``names`` do not do for a generator of ``sizes``: the first dim of size > 1 they leave out."""
-    for n in MEGATRON_DIMS:
-        if n not in names and sizes[n] != 1:
-            return f"the order does not name {n} (size {sizes[n]}{where})"
-    return None
+def _names_error(fault: _Fault, text: Any, field: str) -> RankmeshError:
+    """The error of names ``text`` (of argument ``field``) that break ``fault``'s rule."""
+    fix, n = ORDER_FIX if field == "order" else None, fault.name
+    if fault.error is not None:  # made by check_str
+        return fault.error
+    if fault.rule == "not_str":
+        return ArgumentTypeError(
+            f"{field} must be a str like 'tp-dp', got {type(text).__name__} {text!r}", field=field, value=text
+        )
+    if fault.rule == "empty_name":
+        return InvalidNameError(
+            f"{field} {text!r} has an empty name; write names joined by single '-', e.g. 'tp-cp-ep-dp-pp'",
+            field=field,
+            value=text,
+            fix=fix,
+        )
+    if fault.rule == "unknown_name":
+        return UnknownNameError(
+            f"{field} {text!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}",
+            field=field,
+            value=n,
+            fix=fix,
+        )
+    return DuplicateNameError(f"{field} {text!r} names {n!r} twice", field=field, value=n, fix=fix)
+
+
+def _split_names(text: str, field: str) -> list[str]:
+    """``"tp-dp"`` -> ``["tp", "dp"]``, lower-cased, each name known, no empty piece."""
+    names, fault = _names_fault(text, field)
+    if fault is not None:
+        raise _names_error(fault, text, field)
+    return names
+
+
+def _missing_fault(names: Sequence[str], where: str, sizes: dict[str, int]) -> _Fault | None:
+    """The first dim of size > 1 of a generator of ``sizes`` (``where``: which) ``names`` leave out."""
+    missing = [n for n in MEGATRON_DIMS if n not in names and sizes[n] != 1]
+    if not missing:
+        return None
+    n = missing[0]
+    return _Fault("missing_dim", f"the order does not name {n} (size {sizes[n]}{where})", n, sizes[n], tuple(missing))
 
 
 def _pp_layout(world_size: int, names: Sequence[str], sizes: dict[str, int]) -> MeshLayout:
@@ -102,98 +153,229 @@ def _pp_layout(world_size: int, names: Sequence[str], sizes: dict[str, int]) -> 
 
 
 class _OrderCheck:
-    """The degrees of one call, checked once: :meth:`problem` says why an order does not work for
-    them, without raising. Invalid degrees raise here, as the call itself would."""
+    """The checks of one call, in the order it makes them: with ``dp``, ``RankGenerator(tp, ep, dp,
+    pp, cp, order, rank_offset, world=world)``; with ``world_size``, ``model_parallel_layout(world_size,
+    tp, pp, cp, ep, etp, order, n_do, hcp, vpp, world=world)``. The degrees are ints >= 1 (each call
+    reads its own); what does not depend on the order is checked here, once. :meth:`fault` says
+    which rule an order breaks, without raising; :meth:`checked_names` raises the call's error for it."""
 
     def __init__(
-        self,
-        world_size: int | None,
-        tp: int,
-        pp: int,
-        cp: int,
-        ep: int,
-        etp: int | None,
-        dp: int | None,
-        n_do: int,
-        hcp: Sequence[int] | None,
-        world: object,
-    ) -> None:
-        if (world_size is None) == (dp is None):
-            raise ArgumentTypeError(
-                "pass world_size (the degrees of model_parallel_layout) or dp (those of one RankGenerator), "
-                f"not {'both' if dp is not None else 'neither'}",
-                field="dp" if dp is not None else "world_size",
-                value=dp if dp is not None else world_size,
-            )
-        given = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": tp if etp is None else etp}
-        deg = {k: positive_int(v, k, fix=degree_fix(k)) for k, v in given.items()}
-        self.tp, self.pp, self.cp, self.ep, self.etp = (deg[k] for k in ("tp", "pp", "cp", "ep", "etp"))
-        self.world = world
-        #: Why no order works with these degrees, found before the order is read (``before``) or
-        #: after every check of the order (``after``); None where nothing is wrong.
-        self.before: str | None = None
-        self.after: str | None = None
+        self, tp: int, pp: int, cp: int, ep: int, world: object, *, dp: int | None = None, world_size: int = 0,
+        etp: int = 1, n_do: int = 1, hcp: Sequence[int] | None = None, vpp: int | None = None, rank_offset: Any = 0,
+    ) -> None:  # fmt: skip
+        self.tp, self.pp, self.cp, self.ep, self.etp, self.n_do, self.world = tp, pp, cp, ep, etp, n_do, world
+        self.world_size, self.vpp, self.hcp = world_size, vpp, hcp
+        #: What is wrong whatever the order: found before the order is read (``before``) or after
+        #: every check of it (``after``); None where nothing is.
+        self.before: _Fault | None = None
+        self.after: _Fault | None = None
         #: The generators an order must suit: (where, sizes), the dense one first.
         self.generators: list[tuple[str, dict[str, int]]] = []
         if dp is not None:  # one RankGenerator
-            sizes = {"tp": self.tp, "ep": self.ep, "dp": positive_int(dp, "dp"), "pp": self.pp, "cp": self.cp}
-            self.world_size = check_degrees(sizes.items())
-            if self.ep > 1 and self.cp > 1:
-                self.before = f"ep ({self.ep}) and cp ({self.cp}) cannot both be > 1 in one RankGenerator"
-            self.generators = [("", sizes)]
+            self.generators = [("", {"tp": tp, "ep": ep, "dp": dp, "pp": pp, "cp": cp})]
+            if ep > 1 and cp > 1:
+                self.before = _Fault("ep_and_cp", f"ep ({ep}) and cp ({cp}) cannot both be > 1 in one RankGenerator")
+                return
+            self.rank_offset = as_int(rank_offset, "rank_offset")
+            if self.rank_offset < 0:
+                self.before = _Fault("rank_offset", f"rank_offset ({self.rank_offset}) is < 0")
+                return
+            # the degree whose product overflows is named (tp=2**64 blames tp), then rank_offset
+            self.world_size = check_degrees(self.generators[0][1].items(), rank_offset=self.rank_offset)
             return
-        self.world_size = check_degrees([("world_size", positive_int(world_size, "world_size"))])
-        n_do = positive_int(n_do, "num_distributed_optimizer_instances")
-        w, model, expert_model = self.world_size, self.tp * self.pp * self.cp, self.etp * self.ep * self.pp
+        w, model, expert_model = world_size, tp * pp * cp, etp * ep * pp
         if w % model:
-            self.before = f"world_size ({w}) is not divisible by tp*pp*cp = {model}"
+            self.before = _Fault("dense_world", f"world_size ({w}) is not divisible by tp*pp*cp = {model}")
             return
         self.dp = w // model
-        dense = {"tp": self.tp, "ep": 1, "dp": self.dp, "pp": self.pp, "cp": self.cp}
-        self.generators = [(" in the dense generator", dense)]
+        if vpp is not None:
+            positive_int(vpp, "virtual_pipeline_model_parallel_size")
+        if vpp is not None and not pp > 1:
+            self.before = _Fault("vpp", "virtual_pipeline_model_parallel_size needs pp > 1")
+            return
+        self.generators = [(" in the dense generator", {"tp": tp, "ep": 1, "dp": self.dp, "pp": pp, "cp": cp})]
         if w % expert_model:
-            self.after = f"world_size ({w}) is not divisible by expert_tp*ep*pp = {expert_model}"
+            self.after = _Fault(
+                "expert_world", f"world_size ({w}) is not divisible by expert_tp*ep*pp = {expert_model}"
+            )
             return
         self.edp = w // expert_model
-        expert = {"tp": self.etp, "ep": self.ep, "dp": self.edp, "pp": self.pp, "cp": 1}
-        self.generators.append((" in the expert generator", expert))
-        if (self.dp * self.cp) % n_do or self.edp % n_do:
-            self.after = f"num_distributed_optimizer_instances ({n_do}) does not divide dp*cp and the expert dp"
+        self.generators.append((" in the expert generator", {"tp": etp, "ep": ep, "dp": self.edp, "pp": pp, "cp": 1}))
+        if (self.dp * cp) % n_do or self.edp % n_do:
+            what = "dp*cp" if (self.dp * cp) % n_do else "the expert dp"
+            self.after = _Fault("n_do", f"num_distributed_optimizer_instances ({n_do}) does not divide {what}")
         elif hcp:  # as model_parallel_layout reads them
-            if not all(_is_degree(s) for s in hcp):
-                self.after = f"hierarchical_context_parallel_sizes {hcp} are not all ints >= 1"
-            elif int(np.prod([int(s) for s in hcp])) != self.cp:
-                self.after = f"hierarchical_context_parallel_sizes {hcp} do not multiply to cp ({self.cp})"
+            try:
+                self.hs = [positive_int(s, f"hierarchical_context_parallel_sizes[{i}]") for i, s in enumerate(hcp)]
+            except RankmeshError as e:  # the call's own error: kept, without this frame, for checked_names
+                why = f"hierarchical_context_parallel_sizes {hcp} are not all ints >= 1"
+                self.after = _Fault("hcp", why, error=e.with_traceback(None))
+            if not self.after and int(np.prod(self.hs)) != cp:
+                self.after = _Fault("hcp", f"hierarchical_context_parallel_sizes {hcp} do not multiply to cp ({cp})")
 
-    def problem(self, order: object) -> str | None:
-        """Why the call does not build with ``order`` (in the order the call checks), else None."""
+    def fault(self, order: object) -> tuple[list[str], _Fault | None]:
+        """``order``'s names and the first rule the call breaks with it (None: it builds), in the
+        call's order. Never raises."""
         if self.before is not None:
-            return self.before
-        names, bad = _names_problem(order)
-        if bad is not None:
-            return bad
-        for where, sizes in self.generators[:1]:
-            bad = _missing_problem(names, sizes, where)
-            if bad is not None:
-                return bad
-        world = self.world
-        if world is not None and not (
-            isinstance(world, MeshLayout) and world.ndim == 1 and world.world_size == self.world_size
-        ):
-            return f"world is not a 1-D MeshLayout of {self.world_size} ranks"
-        if len(self.generators) < 2:  # one RankGenerator, or no expert one
-            return self.after
-        (_, dense), (where, expert) = self.generators
-        bad = _missing_problem(names, expert, where)
-        if bad is not None:
-            return bad
-        if self.pp > 1 and names[-1] != "pp":
-            if self.dp != self.edp:
-                return f"the order does not end with pp and the dense ({self.dp}) and expert ({self.edp}) dp differ"
-            w = self.world_size
-            if not _same_partition(_pp_layout(w, names, dense), _pp_layout(w, names, expert)):
-                return "the order does not end with pp and the dense and expert pipeline groups differ"
-        return self.after
+            return [], self.before
+        names, fault = _names_fault(order, "order", unique=True)
+        if fault is None:
+            fault = _missing_fault(names, *self.generators[0]) or self._world_fault()
+        if fault is None and len(self.generators) > 1:  # the expert generator of model_parallel_layout
+            fault = _missing_fault(names, *self.generators[1])
+            if fault is None and self.pp > 1 and names[-1] != "pp":
+                (_, dense), (_, expert) = self.generators
+                why = "the order does not end with pp and the dense"
+                if self.dp != self.edp:
+                    fault = _Fault("pp_dp", f"{why} ({self.dp}) and expert ({self.edp}) dp differ")
+                elif not _same_partition(*(_pp_layout(self.world_size, names, s) for s in (dense, expert))):
+                    fault = _Fault("pp_groups", f"{why} and expert pipeline groups differ")
+        return names, fault or self.after
+
+    def _world_fault(self) -> _Fault | None:
+        world, w = self.world, self.world_size
+        if world is None or (isinstance(world, MeshLayout) and world.ndim == 1 and world.world_size == w):
+            return None
+        return _Fault("world", f"world is not a 1-D MeshLayout of {w} ranks")
+
+    def works(self, candidates: Iterable[Any]) -> str | None:
+        """The first of ``candidates`` with which the call builds, or None."""
+        return next((c for c in candidates if self.fault(c)[1] is None), None)
+
+    def checked_names(self, order: str) -> list[str]:
+        """``order``'s names, where the call builds with it; else the call's error, raised."""
+        names, fault = self.fault(order)
+        if fault is None:
+            return names
+        rule, w, world = fault.rule, self.world_size, self.world
+        if fault.error is not None:  # made by a check of rankmesh._check
+            raise fault.error
+        if rule in ("not_str", "empty_name", "unknown_name", "duplicate_name"):
+            raise _names_error(fault, order, "order")
+        if rule == "missing_dim":
+            fix, missing = self.works(_order_candidates(names, fault.missing)), ", ".join(map(repr, fault.missing))
+            hint = f"add {missing} to the order, e.g. {fix!r}"
+            if fix is None:
+                hint = f"no order naming {missing} works with these degrees; change them"
+            raise ParallelConfigError(
+                f"the size of {fault.name} is {fault.size}, but the order {order!r} does not name it; {hint}",
+                field="order",
+                value=order,
+                kind="order_misses_dim",
+                ctx={"dim": fault.name, "size": fault.size, "works": fix},
+                fix=ORDER_FIX,
+            )
+        if rule in ("pp_dp", "pp_groups"):
+            fix = self.works(_order_candidates(names))
+            if rule == "pp_dp":
+                text = (
+                    f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the attention "
+                    f"({self.dp}) and MoE ({self.edp}) layers must be the same; "
+                    + _pp_last_hint(fix, "make expert_tp*ep equal tp*cp")
+                )
+            else:
+                world = MeshLayout.world(w) if world is None else world
+                pps = [RankGenerator(**s, order=order, world=world).layout("pp") for _, s in self.generators]
+                step = [",".join(str(d) for _, d in g.partition_key(0)) for g in pps]
+                text = (
+                    "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
+                    f"with order {order!r} the dense pp groups step by {step[0]} ranks and the expert ones "
+                    f"by {step[1]}; " + _pp_last_hint(fix, "change the degrees")
+                )
+            raise MegatronConfigError(
+                text, field="order", value=order, kind="order_pp_not_last", ctx={"works": fix}, fix=ORDER_FIX
+            )
+        if rule == "world" and not isinstance(world, MeshLayout):
+            raise ArgumentTypeError(
+                f"world must be a 1-D MeshLayout, got {type(world).__name__}; pass "
+                f"MeshLayout.world({w}, rank_map=...) or leave it out",
+                field="world",
+                value=world,
+            )
+        if rule == "world":  # the degrees do not multiply to the world: rankmesh's one class for that fault
+            raise SizeMismatchError(
+                f"world must be a 1-D MeshLayout of tp*ep*dp*pp*cp = {w} ranks, got shape {world.shape} over "
+                f"{world.world_size} ranks; change the degrees or pass MeshLayout.world({w}, ...)",
+                field="world",
+                value=world,
+            )
+        raise self._degrees_error(fault)
+
+    def _degrees_error(self, fault: _Fault) -> RankmeshError:
+        """The error of degrees that fit no order (``fault``, of :attr:`before` or :attr:`after`)."""
+        tp, pp, cp, ep, etp, w, n_do = self.tp, self.pp, self.cp, self.ep, self.etp, self.world_size, self.n_do
+        if fault.rule == "ep_and_cp":
+            return MegatronConfigError(
+                f"ep ({ep}) and cp ({cp}) cannot both be > 1 in one RankGenerator: Megatron keeps cp in the "
+                "dense generator (ep=1) and ep in the expert one (cp=1); use model_parallel_layout() to build both",
+                field="ep",
+                value=ep,
+            )
+        if fault.rule == "rank_offset":
+            return InvalidSizeError(
+                f"rank_offset must be >= 0, got {self.rank_offset} (megatron-core silently ignores "
+                "a negative offset; rankmesh refuses it)",
+                field="rank_offset",
+                value=self.rank_offset,
+            )
+        if fault.rule in ("dense_world", "expert_world"):  # SizeMismatchError, a RuntimeError like megatron-core's
+            dense = fault.rule == "dense_world"
+            what, factors = ("tp*pp*cp", (tp, pp, cp)) if dense else ("expert_tp*ep*pp", (etp, ep, pp))
+            div = int(np.prod(factors))
+            return SizeMismatchError(
+                f"world_size ({w}) is not divisible by {what} = {'*'.join(map(str, factors))} = {div}; use a world "
+                f"that is a multiple of {div} or smaller {'degrees' if dense else 'expert degrees'}",
+                field="world_size",
+                value=w,
+                kind="world_not_divisible",
+                ctx={"world_size": w, "divisor": div},
+                fix=_WORLD_FIX,
+            )
+        if fault.rule == "vpp":
+            return ParallelConfigError(
+                "pipeline-model-parallel size should be greater than 1 with interleaved schedule "
+                "(virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1)",
+                field="virtual_pipeline_model_parallel_size",
+                value=self.vpp,
+            )
+        if fault.rule == "n_do":
+            what = f"expert data parallel size ({self.edp})"
+            if (self.dp * cp) % n_do:
+                what = f"data parallel size with cp ({self.dp}*{cp})"
+            return MegatronConfigError(
+                f"{what} should be divisible by the partial DistOpt shard factor "
+                f"num_distributed_optimizer_instances ({n_do})",
+                field="num_distributed_optimizer_instances",
+                value=n_do,
+            )
+        hs = self.hs
+        return MegatronConfigError(
+            f"hierarchical_context_parallel_sizes {hs} multiply to {int(np.prod(hs))}, not cp ({cp})",
+            field="hierarchical_context_parallel_sizes",
+            value=hs,
+        )
+
+
+def _call_check(
+    world_size: Any, tp: Any, pp: Any, cp: Any, ep: Any, etp: Any, dp: Any, n_do: Any, hcp: Any, world: Any
+) -> _OrderCheck:
+    """The :class:`_OrderCheck` of the call :func:`order_problem`'s arguments describe; degrees that
+    are not ints >= 1 raise as that call would."""
+    if (world_size is None) == (dp is None):
+        raise ArgumentTypeError(
+            "pass world_size (the degrees of model_parallel_layout) or dp (those of one RankGenerator), "
+            f"not {'both' if dp is not None else 'neither'}",
+            field="dp" if dp is not None else "world_size",
+            value=dp if dp is not None else world_size,
+        )
+    given = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": tp if etp is None else etp}
+    deg = {k: positive_int(v, k, fix=degree_fix(k)) for k, v in given.items()}
+    tp, pp, cp, ep, etp = (deg[k] for k in ("tp", "pp", "cp", "ep", "etp"))
+    if dp is not None:  # one RankGenerator
+        return _OrderCheck(tp, pp, cp, ep, world, dp=positive_int(dp, "dp"))
+    world_size = check_degrees([("world_size", positive_int(world_size, "world_size"))])
+    n_do = positive_int(n_do, "num_distributed_optimizer_instances")
+    return _OrderCheck(tp, pp, cp, ep, world, world_size=world_size, etp=etp, n_do=n_do, hcp=hcp)
 
 
 def order_problem(
@@ -229,11 +411,12 @@ def order_problem(
         >>> order_problem("tp-dp", tp=2, dp=2, pp=2)  # one RankGenerator
         'the order does not name pp (size 2)'
     """
-    check = _OrderCheck(
+    check = _call_check(
         world_size, tp, pp, cp, ep, etp, dp, num_distributed_optimizer_instances, hierarchical_context_parallel_sizes,
         world,
     )  # fmt: skip
-    return check.problem(order)
+    fault = check.fault(order)[1]
+    return None if fault is None else fault.reason
 
 
 def working_order(
@@ -263,64 +446,11 @@ def working_order(
         >>> working_order(["tp-cp-ep-dp-pp"], 16, tp=2, pp=2, ep=3) is None  # 2*3*2 does not divide 16
         True
     """
-    check = _OrderCheck(
+    check = _call_check(
         world_size, tp, pp, cp, ep, etp, dp, num_distributed_optimizer_instances, hierarchical_context_parallel_sizes,
         world,
     )  # fmt: skip
-    return next((c for c in candidates if check.problem(c) is None), None)
-
-
-def _split_names(text: str, field: str) -> list[str]:
-    """``"tp-dp"`` -> ``["tp", "dp"]``, lower-cased, each name known, no empty piece."""
-    if not isinstance(text, str):
-        raise ArgumentTypeError(
-            f"{field} must be a str like 'tp-dp', got {type(text).__name__} {text!r}", field=field, value=text
-        )
-    check_str(text, field)
-    names = text.lower().split("-")
-    fix = ORDER_FIX if field == "order" else None
-    for n in names:
-        if not n:
-            raise InvalidNameError(
-                f"{field} {text!r} has an empty name; write names joined by single '-', e.g. 'tp-cp-ep-dp-pp'",
-                field=field,
-                value=text,
-                fix=fix,
-            )
-        if n not in MEGATRON_DIMS:
-            raise UnknownNameError(
-                f"{field} {text!r} names {n!r}, which is not one of {', '.join(MEGATRON_DIMS)}",
-                field=field,
-                value=n,
-                fix=fix,
-            )
-    return names
-
-
-def _missing_dim_error(
-    order: str, names: Sequence[str], sizes: dict[str, int], works: Callable[[list[str]], str | None]
-) -> ParallelConfigError | None:
-    """The error of an ``order`` (read as ``names``) that leaves out a dim of size > 1 of a
-    generator of ``sizes``, suggesting the first of :func:`_order_candidates` that ``works(candidates)``
-    finds; None when it names them all."""
-    missing = [n for n in MEGATRON_DIMS if n not in names and sizes[n] != 1]
-    if not missing:
-        return None
-    n = missing[0]
-    fix = works(_order_candidates(names, missing))
-    hint = (
-        f"add {', '.join(map(repr, missing))} to the order, e.g. {fix!r}"
-        if fix is not None
-        else f"no order naming {', '.join(map(repr, missing))} works with these degrees; change them"
-    )
-    return ParallelConfigError(
-        f"the size of {n} is {sizes[n]}, but the order {order!r} does not name it; {hint}",
-        field="order",
-        value=order,
-        kind="order_misses_dim",
-        ctx={"dim": n, "size": sizes[n], "works": fix},
-        fix=ORDER_FIX,
-    )
+    return check.works(candidates)
 
 
 def _rank_arg(rank: Any, method: str, what: str) -> Any:
@@ -398,39 +528,11 @@ class RankGenerator:
     ) -> None:
         sizes = {"tp": tp, "ep": ep, "dp": dp, "pp": pp, "cp": cp}  # argument order
         sizes = {k: positive_int(v, k, fix=degree_fix(k)) for k, v in sizes.items()}
-        if sizes["ep"] > 1 and sizes["cp"] > 1:
-            raise MegatronConfigError(
-                f"ep ({sizes['ep']}) and cp ({sizes['cp']}) cannot both be > 1 in one RankGenerator: "
-                "Megatron keeps cp in the dense generator (ep=1) and ep in the expert one (cp=1); "
-                "use model_parallel_layout() to build both",
-                field="ep",
-                value=sizes["ep"],
-            )
+        check = _OrderCheck(world=world, rank_offset=rank_offset, **sizes)
+        names = check.checked_names(order)  # every check of the order, the world and rank_offset
         self.tp, self.ep, self.dp, self.pp, self.cp = (sizes[k] for k in ("tp", "ep", "dp", "pp", "cp"))
-        self.rank_offset = as_int(rank_offset, "rank_offset")
-        if self.rank_offset < 0:
-            raise InvalidSizeError(
-                f"rank_offset must be >= 0, got {self.rank_offset} (megatron-core silently ignores "
-                "a negative offset; rankmesh refuses it)",
-                field="rank_offset",
-                value=self.rank_offset,
-            )
-        # the degree whose product overflows is named (tp=2**64 blames tp), then rank_offset
-        self.world_size = check_degrees(sizes.items(), rank_offset=self.rank_offset)
+        self.rank_offset, self.world_size = check.rank_offset, check.world_size
         self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "cp": self.cp}
-
-        names = _split_names(order, "order")
-        check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice", fix=ORDER_FIX)
-        error = _missing_dim_error(
-            order,
-            names,
-            self.name_to_size,
-            lambda candidates: working_order(
-                candidates, tp=self.tp, ep=self.ep, dp=self.dp, pp=self.pp, cp=self.cp, world=world
-            ),
-        )
-        if error is not None:
-            raise error
         names += [n for n in MEGATRON_DIMS if n not in names]
         #: The full order, lower-cased, with the omitted size-1 names appended (as Megatron).
         self.order = "-".join(names)
@@ -440,22 +542,6 @@ class RankGenerator:
         mesh_names = tuple(reversed(names))
         if world is None:
             world = MeshLayout.world(self.world_size)
-        elif not isinstance(world, MeshLayout):
-            raise ArgumentTypeError(
-                f"world must be a 1-D MeshLayout, got {type(world).__name__}; pass "
-                f"MeshLayout.world({self.world_size}, rank_map=...) or leave it out",
-                field="world",
-                value=world,
-            )
-        elif world.ndim != 1 or world.world_size != self.world_size:
-            # The degrees do not multiply to the world: rankmesh's one class for that fault.
-            raise SizeMismatchError(
-                f"world must be a 1-D MeshLayout of tp*ep*dp*pp*cp = {self.world_size} ranks, "
-                f"got shape {world.shape} over {world.world_size} ranks; change the degrees or pass "
-                f"MeshLayout.world({self.world_size}, ...)",
-                field="world",
-                value=world,
-            )
         self.world = world
         #: The whole mesh: the world unflattened in the reversed order (slowest dim first).
         self.mesh_layout: MeshLayout = world.unflatten(0, [self.name_to_size[n] for n in mesh_names], mesh_names)
@@ -1080,117 +1166,16 @@ def model_parallel_layout(
     etp_field = "tensor_model_parallel_size" if expert_tensor_parallel_size is None else "expert_tensor_parallel_size"
     check_degrees([(etp_field, etp), ("expert_model_parallel_size", ep), ("pipeline_model_parallel_size", pp)])
 
-    model = tp * pp * cp
-    if world_size % model:  # SizeMismatchError, a RuntimeError like megatron-core's
-        raise SizeMismatchError(
-            f"world_size ({world_size}) is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model}; "
-            f"use a world that is a multiple of {model} or smaller degrees",
-            field="world_size",
-            value=world_size,
-            kind="world_not_divisible",
-            ctx={"world_size": world_size, "divisor": model},
-            fix=_WORLD_FIX,
-        )
-    dp = world_size // model
-    if virtual_pipeline_model_parallel_size is not None:
-        positive_int(virtual_pipeline_model_parallel_size, "virtual_pipeline_model_parallel_size")
-        if not pp > 1:
-            raise ParallelConfigError(
-                "pipeline-model-parallel size should be greater than 1 with interleaved schedule "
-                "(virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1)",
-                field="virtual_pipeline_model_parallel_size",
-                value=virtual_pipeline_model_parallel_size,
-            )
-    world_arg = world
+    check = _OrderCheck(
+        tp, pp, cp, ep, world, world_size=world_size, etp=etp, n_do=n_do, hcp=hierarchical_context_parallel_sizes,
+        vpp=virtual_pipeline_model_parallel_size,
+    )  # fmt: skip
+    check.checked_names(order)  # every check of this call, in its order, before any generator is built
     if world is None:
         world = MeshLayout.world(world_size)
-
-    def works(candidates: Iterable[object]) -> str | None:  # the order a hint suggests
-        return working_order(
-            candidates, world_size, tp, pp, cp, ep, etp,
-            num_distributed_optimizer_instances=n_do,
-            hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
-            world=world_arg,
-        )  # fmt: skip
-
-    # the generators' own order checks, made first here so that a hint works for this whole call
-    names = _split_names(order, "order")
-    check_unique(names, "order", lambda n: f"order {order!r} names {n!r} twice", fix=ORDER_FIX)
-    error = _missing_dim_error(order, names, {"tp": tp, "ep": 1, "dp": dp, "pp": pp, "cp": cp}, works)
-    if error is not None:
-        raise error
-    decoder = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order, world=world)
-
-    expert_model = etp * ep * pp
-    if world_size % expert_model:
-        raise SizeMismatchError(
-            f"world_size ({world_size}) is not divisible by expert_tp*ep*pp = {etp}*{ep}*{pp} = "
-            f"{expert_model}; use a world that is a multiple of {expert_model} or smaller expert degrees",
-            field="world_size",
-            value=world_size,
-            kind="world_not_divisible",
-            ctx={"world_size": world_size, "divisor": expert_model},
-            fix=_WORLD_FIX,
-        )
-    edp = world_size // expert_model
-    error = _missing_dim_error(order, names, {"tp": etp, "ep": ep, "dp": edp, "pp": pp, "cp": 1}, works)
-    if error is not None:
-        raise error
-    expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order, world=world)
-
-    if not (order.lower().endswith("pp") or pp == 1 or edp == dp):
-        fix = works(_order_candidates(names))
-        raise MegatronConfigError(
-            f"when the order ({order!r}) does not end with pp, the data-parallel sizes of the "
-            f"attention ({dp}) and MoE ({edp}) layers must be the same; "
-            + _pp_last_hint(fix, "make expert_tp*ep equal tp*cp"),
-            field="order",
-            value=order,
-            kind="order_pp_not_last",
-            ctx={"works": fix},
-            fix=ORDER_FIX,
-        )
-    if not _same_partition(decoder.layout("pp"), expert.layout("pp")):
-
-        def step(g: RankGenerator) -> str:
-            return ",".join(str(d) for _, d in g.layout("pp").partition_key(0))
-
-        fix = works(_order_candidates(names))
-        raise MegatronConfigError(
-            "pipeline parallel groups are expected to be the same for the non-expert and expert parts; "
-            f"with order {order!r} the dense pp groups step by {step(decoder)} ranks and the expert ones "
-            f"by {step(expert)}; " + _pp_last_hint(fix, "change the degrees"),
-            field="order",
-            value=order,
-            kind="order_pp_not_last",
-            ctx={"works": fix},
-            fix=ORDER_FIX,
-        )
-    if (dp * cp) % n_do:
-        raise MegatronConfigError(
-            f"data parallel size with cp ({dp}*{cp}) should be divisible by the partial DistOpt shard "
-            f"factor num_distributed_optimizer_instances ({n_do})",
-            field="num_distributed_optimizer_instances",
-            value=n_do,
-        )
-    if edp % n_do:
-        raise MegatronConfigError(
-            f"expert data parallel size ({edp}) should be divisible by the partial DistOpt shard "
-            f"factor num_distributed_optimizer_instances ({n_do})",
-            field="num_distributed_optimizer_instances",
-            value=n_do,
-        )
-    if hierarchical_context_parallel_sizes:
-        hs = [
-            positive_int(s, f"hierarchical_context_parallel_sizes[{i}]")
-            for i, s in enumerate(hierarchical_context_parallel_sizes)
-        ]
-        if int(np.prod(hs)) != cp:
-            raise MegatronConfigError(
-                f"hierarchical_context_parallel_sizes {hs} multiply to {int(np.prod(hs))}, not cp ({cp})",
-                field="hierarchical_context_parallel_sizes",
-                value=hs,
-            )
+    (_, dense), (_, expert_sizes) = check.generators
+    decoder = RankGenerator(**dense, order=order, world=world)
+    expert = RankGenerator(**expert_sizes, order=order, world=world)
     return ModelParallelLayout(
         decoder,
         expert,
