@@ -143,3 +143,24 @@ def test_a_source_checkout_without_metadata_is_read_from_the_module(monkeypatch)
     monkeypatch.setitem(DEPENDENCIES, "nope", nope)
     monkeypatch.setattr(_dependencies, "_versions", {})
     assert _dependencies.version("nope") is None
+
+
+def test_every_extra_names_only_packages_of_the_table_and_pins_what_it_reads():
+    """pyproject's extras list nothing the table does not know, and each pin admits exactly the
+    releases rankmesh has read (e.g. torch>=2.13,<2.16 for 2.13, 2.14, 2.15)."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
+    for extra, reqs in extras.items():
+        for text in reqs:
+            req = Requirement(text)
+            dep = DEPENDENCIES.get(req.name)
+            assert dep is not None, f"[{extra}] {req.name} is not in rankmesh._dependencies.DEPENDENCIES"
+            if dep.distribution in ("torch", "torchtitan", "megatron-core"):
+                for release in dep.releases:
+                    assert req.specifier.contains(Version(release + ".0" * (2 - release.count("."))))
+                last = Version(dep.releases[-1]).release
+                after = ".".join(map(str, (*last[:-1], last[-1] + 1)))
+                assert not req.specifier.contains(Version(after + ".0" * (2 - after.count(".")))), (req, after)

@@ -331,8 +331,10 @@ def topology_report(
 
     Args:
         meshes: a layout, a mapping ``{label: layout}`` (all over one world), or an object with a
-            ``.layout`` (e.g. :class:`rankmesh.single.SingleMesh`).
-        rank: the caller's rank.
+            ``.layout`` (e.g. :class:`rankmesh.single.SingleMesh`). A mesh over part of the job
+            (:meth:`MeshLayout.placed`) counts the job's ranks as its world.
+        rank: the caller's rank in the job; it must be in every mesh given (else
+            :class:`~rankmesh.RankOutOfRangeError`).
         gpus_per_node: ranks per node; defaults to ``LOCAL_WORLD_SIZE``. Node of rank ``r`` is
             ``r // gpus_per_node``.
         hostnames: the host of every rank instead (nodes in order of first appearance).
