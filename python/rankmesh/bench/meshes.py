@@ -236,6 +236,9 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
         import megatron.core.parallel_state  # noqa: F401
 
+        import rankmesh.megatron.groups  # noqa: F401
+        import rankmesh.megatron.parallel_state  # noqa: F401  (imported by the first call otherwise)
+
     init_fake_world(world, rank)
     with _bound_device(path, impl):
         t0 = time.perf_counter()

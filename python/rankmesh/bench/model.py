@@ -103,6 +103,7 @@ def _import_everything(name: str) -> None:
         mods += [
             "rankmesh.bench.megatron_fsdp",
             "rankmesh.megatron.parallel_state",
+            "rankmesh.megatron.groups",
             "rankmesh.megatron.fsdp",
             "megatron.core.parallel_state",
             "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
