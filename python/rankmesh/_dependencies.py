@@ -23,8 +23,6 @@ import importlib.util
 from dataclasses import dataclass
 from importlib import metadata
 
-from packaging.version import InvalidVersion, Version
-
 from rankmesh._once import warn_once
 
 __all__ = ["DEPENDENCIES", "Dependency", "version", "available", "unsupported", "warn_unsupported", "report"]
@@ -48,6 +46,8 @@ class Dependency:
     def supports(self, version: str) -> bool:
         """Whether ``version`` is one of :attr:`releases` (pre-releases and local builds of a
         release count as it)."""
+        from packaging.version import InvalidVersion, Version  # ~3 ms to import: only when asked
+
         try:
             release = Version(version).release
         except InvalidVersion:
