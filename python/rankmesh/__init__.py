@@ -56,6 +56,7 @@ from rankmesh.topology import rank_map_from_hosts, topology_report
 
 if TYPE_CHECKING:
     from rankmesh.consistency import check_consistency
+    from rankmesh.devicemesh import accelerate
     from rankmesh.mesh import FastDeviceMesh, from_group, init_device_mesh
     from rankmesh.process_groups import BuildReport, MeshBuilder
     from rankmesh.torchtitan.parallel_dims import ParallelDims
@@ -71,6 +72,7 @@ _LAZY = {
     "MeshBuilder": "rankmesh.process_groups",
     "BuildReport": "rankmesh.process_groups",
     "check_consistency": "rankmesh.consistency",
+    "accelerate": "rankmesh.devicemesh",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
@@ -80,6 +82,7 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "MeshLayout",
     # torch layer and conventions
+    "accelerate",
     "init_device_mesh",
     "from_group",
     "FastDeviceMesh",

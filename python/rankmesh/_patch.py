@@ -12,13 +12,14 @@ import importlib
 import inspect
 import linecache
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from rankmesh._once import warn_once
 
-__all__ = ["SWITCHES", "Patch", "body_unknown", "code_lines", "disabled", "source_hash", "text_hash"]
+__all__ = ["SWITCHES", "Patch", "body_unknown", "code_lines", "disabled", "resolve", "source_hash", "text_hash"]
 
 _lock = threading.RLock()
 
@@ -68,6 +69,20 @@ def text_hash(lines: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def resolve(path: str) -> Any:
+    """The object at a dotted ``path``: the longest importable module prefix, then attributes."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for p in parts[i:]:
+            obj = getattr(obj, p)
+        return obj
+    raise ImportError(path)
+
+
 def body_unknown(what: str, fn: Any, known: Any) -> str | None:
     """Why ``fn``'s body is not one rankmesh has read (its :func:`source_hash` not in ``known``),
     or None when it is; ``what`` names it in the reason."""
@@ -80,7 +95,17 @@ def body_unknown(what: str, fn: Any, known: Any) -> str | None:
 
 #: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches` and
 #: ``fast_groups`` (rankmesh's writes to c10d's registry, which replace no attribute).
-SWITCHES: frozenset[str] = frozenset({"concatenate", "spmd_axis_le", "torchtitan", "megatron_fsdp", "fast_groups"})
+SWITCHES: frozenset[str] = frozenset(
+    {
+        "concatenate",
+        "spmd_axis_le",
+        "torchtitan",
+        "megatron_fsdp",
+        "init_process_groups",
+        "init_device_mesh",
+        "fast_groups",
+    }
+)
 
 
 def disabled(name: str) -> bool:
@@ -113,7 +138,15 @@ class Patch:
         why: one line for the README table.
         recognise: ``recognise(original) -> None`` when the original is the code rankmesh was written
             against, else the reason it is not (a version, a changed body): then nothing is swapped.
+            Patches that give ``bodies`` need none: :meth:`unknown` then does the recognising.
         wrap: ``staticmethod`` or ``None``: how the replacement is stored on a class.
+        dependency: the distribution (a key of :data:`rankmesh._dependencies.DEPENDENCIES`) whose
+            code is patched.
+        bodies: per release of ``dependency`` read, ``{dotted path: {source hashes}}`` of every
+            function whose behaviour the replacement reproduces or relies on (the patched one
+            among them): :meth:`unknown` recognises the code by release and bodies.
+        aliases: modules that re-export the attribute (``torch.distributed.init_device_mesh``):
+            where one holds the original, it gets the replacement too, and is restored with it.
     """
 
     def __init__(
@@ -125,11 +158,16 @@ class Patch:
         *,
         why: str,
         versions: str,
-        recognise: Callable[[Any], str | None],
+        recognise: Callable[[Any], str | None] | None = None,
         wrap: Callable[[Any], Any] | None = None,
+        dependency: str | None = None,
+        bodies: dict[str, dict[str, frozenset[str]]] | None = None,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         if name not in SWITCHES:
             raise ValueError(f"patch {name!r} is not in rankmesh._patch.SWITCHES; list it there")
+        if (recognise is None) == (bodies is None) or (bodies is not None and dependency is None):
+            raise ValueError(f"patch {name!r}: give recognise, or dependency and bodies")
         self.name = name
         self.owner = owner
         self.attribute = attribute
@@ -138,6 +176,9 @@ class Patch:
         self._make = make
         self._recognise = recognise
         self._wrap = wrap
+        self.dependency = dependency
+        self.bodies = bodies
+        self.aliases = aliases
         self._original: Any = None
         self._replacement: Any = None
         self._holder: Any = None
@@ -159,16 +200,31 @@ class Patch:
         return self._holder.__dict__.get(self.attribute) is self._replacement
 
     def _resolve(self) -> Any:
-        parts = self.owner.split(".")
-        for i in range(len(parts), 0, -1):
+        return resolve(self.owner)
+
+    def unknown(self) -> str | None:
+        """Why the installed code is not what this patch was written against (a release of its
+        dependency it has not read, a function body whose hash it does not know, a function that
+        is missing), or None when it is: the one question every gate of a patch asks."""
+        if self.bodies is None:
+            original = self._resolve().__dict__.get(self.attribute)
+            return None if original is None else self._recognise(original)  # type: ignore[misc]
+        from rankmesh import _dependencies  # a leaf, imported on first use only
+
+        release = _dependencies.release_of(self.dependency)  # type: ignore[arg-type]
+        known = self.bodies.get(release or "")
+        if known is None:
+            installed = _dependencies.version(self.dependency)  # type: ignore[arg-type]
+            return f"{self.dependency} {installed} is not a release this patch has read ({', '.join(self.bodies)})"
+        for path, hashes in known.items():
             try:
-                obj = importlib.import_module(".".join(parts[:i]))
-            except ImportError:
-                continue
-            for p in parts[i:]:
-                obj = getattr(obj, p)
-            return obj
-        raise ImportError(self.owner)
+                fn = resolve(path)
+            except (ImportError, AttributeError):
+                return f"{path} does not exist"
+            reason = body_unknown(path, fn, hashes)
+            if reason is not None:
+                return reason
+        return None
 
     def install(self, *args: Any) -> bool:
         """Swap the attribute (idempotent); False, with one warning, when the target is missing or
@@ -187,7 +243,7 @@ class Patch:
             if original is None:
                 self._warn("missing", f"{self.target} does not exist")
                 return False
-            reason = self._recognise(original)
+            reason = self._recognise(original) if self.bodies is None else self.unknown()
             if reason is not None:
                 self._warn(reason, reason)
                 return False
@@ -197,6 +253,10 @@ class Patch:
             replacement = self._wrap(fn) if self._wrap is not None else fn
             setattr(holder, self.attribute, replacement)
             self._holder, self._original, self._replacement = holder, original, replacement
+            for alias in self.aliases:
+                module = importlib.import_module(alias)
+                if module.__dict__.get(self.attribute) is original:
+                    setattr(module, self.attribute, replacement)
             return True
 
     def restore(self) -> None:
@@ -205,6 +265,11 @@ class Patch:
         with _lock:
             if self.installed:
                 setattr(self._holder, self.attribute, self._original)
+            for alias in self.aliases:  # a module that bound the replacement (at import or install)
+                module = sys.modules.get(alias)
+                if module is not None and self._replacement is not None:
+                    if module.__dict__.get(self.attribute) is self._replacement:
+                        setattr(module, self.attribute, self._original)
             self._holder = self._original = self._replacement = None
 
     def original(self) -> Any:

@@ -84,6 +84,8 @@ __all__ = [
     "fast_meshes_available",
     "concatenate_unknown",
     "native_tuple_hash_ok",
+    "use_torchcomms",
+    "accelerator_backend_name",
 ]
 
 def _parse(version: str) -> tuple[int, int]:
@@ -104,6 +106,22 @@ HAS_PRESERVE_RANK_ORDER: bool = "_preserve_rank_order" in getattr(DeviceMesh, "_
 _EQ_FIELDS: tuple[str, ...] = ("_layout", "_device_type", "_mesh_dim_names", "_thread_id") + (
     ("_preserve_rank_order",) if HAS_PRESERVE_RANK_ORDER else ()
 )
+
+
+def use_torchcomms() -> bool:
+    """torch's ``dist_config.use_torchcomms`` (2.15: the torchcomms engine behind ``nccl``), which
+    sends ``DeviceMesh``'s groups down the ``split_group`` road; False where torch has no such flag."""
+    config = getattr(torch.distributed, "config", None)
+    return bool(getattr(config, "use_torchcomms", False))
+
+
+def accelerator_backend_name(group) -> str | None:  # noqa: ANN001
+    """The name of ``group``'s backend for the current accelerator, as ``DeviceMesh`` compares it
+    with a ``backend_override`` before splitting (``group._get_backend(device).name()``)."""
+    try:
+        return group._get_backend(torch.accelerator.current_accelerator()).name()
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def eq_fields(mesh: DeviceMesh) -> tuple:

@@ -15,7 +15,7 @@ versions and which exact function bodies it recognises, whether it is installed,
 
     >>> import rankmesh.patches as patches
     >>> sorted(patches.REGISTRY)
-    ['concatenate', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
+    ['concatenate', 'init_device_mesh', 'init_process_groups', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
     >>> p = patches.get("concatenate")
     >>> p.target, p.installed in (True, False)
     ('torch.distributed.device_mesh.DeviceMesh._concatenate', True)
@@ -23,7 +23,7 @@ versions and which exact function bodies it recognises, whether it is installed,
 
 from __future__ import annotations
 
-from rankmesh import mesh, torchtitan
+from rankmesh import devicemesh, mesh, torchtitan
 from rankmesh._patch import Patch, disabled, source_hash
 from rankmesh.megatron import fsdp
 from rankmesh.torchtitan import spmd_axis
@@ -32,7 +32,9 @@ __all__ = ["REGISTRY", "Patch", "disabled", "get", "installed", "restore_all", "
 
 
 #: Every patch rankmesh can install, by name.
-REGISTRY: dict[str, Patch] = {p.name: p for p in (mesh.CONCATENATE, spmd_axis.PATCH, torchtitan.PATCH, fsdp.PATCH)}
+REGISTRY: dict[str, Patch] = {
+    p.name: p for p in (mesh.CONCATENATE, spmd_axis.PATCH, torchtitan.PATCH, fsdp.PATCH, *devicemesh.PATCHES)
+}
 
 
 def get(name: str) -> Patch:
