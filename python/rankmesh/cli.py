@@ -261,8 +261,13 @@ def _parser() -> argparse.ArgumentParser:
         "--dim", default=None,
         help="dim to colour in the picture: tp or mesh.dim (default tp; with --mesh, the shades in each mesh)",
     )  # fmt: skip
-    # listed for --help only: main() hands `bench ...` to rankmesh.bench before parsing
+    # listed for --help only: main() hands `bench ...` and `run ...` on before parsing
     sub.add_parser("bench", help="benchmark against stock torch (rankmesh.bench); arguments pass through")
+    sub.add_parser(
+        "run",
+        help="run a command (e.g. torchrun ...) with RANKMESH_ACCELERATE=1: every Python process it starts builds "
+        "torch's meshes through rankmesh's patches, with no change to the script",
+    )
     return p
 
 
@@ -460,6 +465,27 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _run(command: list[str]) -> int:
+    """``rankmesh run [--] CMD ...``: CMD with ``RANKMESH_ACCELERATE=1`` in its environment (and so
+    in every process it starts: torchrun's ranks, multiprocessing's workers), in place of this
+    process. Exit 2 without a command, 127 when it is not found, as a shell does."""
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command or command[0] in ("-h", "--help"):
+        sys.stderr.write(
+            "usage: rankmesh run [--] COMMAND [ARG ...]\n"
+            "runs COMMAND with RANKMESH_ACCELERATE=1, e.g. rankmesh run torchrun --nproc-per-node 8 train.py\n"
+        )
+        return 0 if command else 2
+    os.environ["RANKMESH_ACCELERATE"] = "1"
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        sys.stderr.write(f"rankmesh run: {command[0]}: {e.strerror}\n")
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``rankmesh`` command; returns the exit status (0 ok, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -471,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rankmesh import bench
 
         return int(bench.main(argv[1:]) or 0)
+    if argv and argv[0] == "run":
+        return _run(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
