@@ -1,8 +1,8 @@
 """Benchmark: end-to-end mesh init per rank, rankmesh vs stock torch, side by side in one run.
 
 The number that counts is end to end, with real ``DeviceMesh`` objects: every mesh the framework
-asks for. Two recipes, tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, fake backend, one fresh
-process per measurement standing in for one rank:
+asks for. Five recipes (the first four with tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto),
+fake backend, one fresh process per measurement standing in for one rank:
 
 - ``parallel_dims``: torchtitan's ``ParallelDims.build_mesh()`` (commit 183a0d2) plus fetching
   every single-dim mesh and every combination inside one global mesh (56 requests);
@@ -21,6 +21,11 @@ process per measurement standing in for one rank:
 - ``megatron``: megatron-core 0.16's ``parallel_state.initialize_model_parallel`` (tp=8 pp=4 cp=2
   ep=8 etp=1, dp = world/64, no gloo twins on either side: gloo cannot run on the fake store) vs
   :func:`rankmesh.megatron.initialize_model_parallel`; "meshes" counts the group globals set.
+- ``torch_api``: the general road, every framework that builds meshes with torch's own API:
+  transformers 5.24's two 4-D ``init_device_mesh`` calls (size-1 dims kept), a ``_flatten`` and
+  the slices a trainer fetches (:func:`torch_api_recipe`); torch = stock, rankmesh = the same
+  code after :func:`rankmesh.accelerate` (the ``init_process_groups`` and ``init_device_mesh``
+  patches).
 
 Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL, gloo) and
 ``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
@@ -59,7 +64,7 @@ from rankmesh._dependencies import available
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
 IMPLS = ("rankmesh", "torch")
-RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron")
+RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron", "torch_api")
 #: megatron-core's initialize_model_parallel with the same degrees (gloo twins off on both sides:
 #: a gloo group cannot be made on the fake backend's store).
 MEGATRON = dict(
@@ -190,8 +195,32 @@ def _build_megatron(impl: str, world: int) -> int:
     return sum(isinstance(v, dist.ProcessGroup) for v in vars(ps).values())
 
 
+def torch_api_recipe(world: int) -> list[Any]:
+    """transformers 5.24's shapes through torch's own API, as every framework not fitted by hand
+    builds them: two 4-D ``init_device_mesh`` calls that keep their size-1 dims,
+    ``(pp, dp_replicate, fsdp, tp)`` and ``(pp, dp_replicate, efsdp, ep)`` with fsdp = efsdp = W/8
+    and tp = ep = 8, then accelerate's ``_flatten`` of the data-parallel dims and the slices a
+    trainer fetches. The name is looked up at call time, so ``rankmesh.accelerate()``'s patch of
+    it applies, as it does to a framework imported after it."""
+    import torch.distributed.device_mesh as tdm
+
+    dense = tdm.init_device_mesh("cpu", (1, 1, world // 8, 8), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp"))
+    sparse = tdm.init_device_mesh("cpu", (1, 1, world // 8, 8), mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep"))
+    dp = dense["dp_replicate", "fsdp"]._flatten("dp")
+    return [dense, sparse, dp, dense["tp"], dense["fsdp"], sparse["ep"], sparse["efsdp"]]
+
+
 def _build(impl: str, recipe: str, world: int) -> int:
     """Builds the recipe; returns the number of meshes fetched."""
+    if recipe == "torch_api":
+        import rankmesh.devicemesh as general
+
+        if impl == "rankmesh":
+            general.accelerate()
+        try:
+            return len(torch_api_recipe(world))
+        finally:
+            general.restore()
     if recipe == "megatron":
         return _build_megatron(impl, world)
     if recipe == "torchtitan":
@@ -224,6 +253,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     import torch.distributed as dist
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
+    import rankmesh.devicemesh  # noqa: F401
     import rankmesh.mesh  # noqa: F401
     import rankmesh.torchtitan.parallel_dims  # noqa: F401
     from rankmesh._fast_groups import init_fake_world, registered_groups
@@ -448,7 +478,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"parallel_dims": "o", "titan030": "s", "torchtitan": "^", "megatron": "D"}
+    styles = {"parallel_dims": "o", "titan030": "s", "torchtitan": "^", "megatron": "D", "torch_api": "v"}
     colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
               ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}  # fmt: skip
     for recipe in RECIPES:
@@ -462,7 +492,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                     marker=styles[recipe],
                     color=colors[(impl, p)],
                     label=label,
-                    ls={"titan030": "-", "torchtitan": ":", "megatron": "-."}.get(recipe, "--"),
+                    ls={"titan030": "-", "torchtitan": ":", "megatron": "-.", "torch_api": ":"}.get(recipe, "--"),
                 )
                 ax.plot([w for w, _ in pts], [v["median_s"] * 1e3 for _, v in pts], **kw)
                 ax2.plot([w for w, _ in pts], [v["extra_rss_mb"] for _, v in pts], **kw)
