@@ -38,6 +38,9 @@ Example (one process standing in for rank 5 of 8 on the fake backend)::
 
 from __future__ import annotations
 
+import copy
+import copyreg
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -94,6 +97,15 @@ __all__ = ["FastDeviceMesh", "from_group", "init_device_mesh"]
 
 BackendConfig = tuple[Any, Any]
 _NO_OVERRIDE: BackendConfig = (None, None)
+
+_log = logging.getLogger("rankmesh")
+
+# A fast mesh's fields that torch's DeviceMesh.__getstate__ does not have (rankmesh's own, the
+# process groups, the cached hash; on 2.13, _preserve_rank_order), left out when it pickles as torch's.
+_NOT_TORCH_STATE = frozenset(
+    ("_rm_world", "_rm_layout", "_pg_registry", "_hash")
+    + (() if compat.HAS_PRESERVE_RANK_ORDER else ("_preserve_rank_order",))
+)
 
 
 class _HashOf:
@@ -521,15 +533,53 @@ class FastDeviceMesh(DeviceMesh):
             self.__dict__["_hash"] = h
         return h
 
-    # -- pickling --------------------------------------------------------------------------------
+    # -- pickling and copying ----------------------------------------------------------------------
+    #
+    # A checkpoint must load where rankmesh is absent, and ``torch.load(weights_only=True)`` (torch's
+    # default) builds only the classes torch allowlists: ``DeviceMesh``, not a subclass. So a fast
+    # mesh pickles *as* torch's ``DeviceMesh``: the class written is ``DeviceMesh`` and the state is
+    # what torch's ``__getstate__`` gives for the same mesh. pickle writes an object's class from its
+    # ``__class__`` (and refuses a ``__newobj__`` of any other), hence the ``__class__`` below, as
+    # proxies (``unittest.mock``, ``wrapt``) do; ``type()`` still tells the two apart. Copies in the
+    # process (``copy.copy``, ``copy.deepcopy``, e.g. of a model's DTensor parameters) stay fast meshes
+    # of the same world and build nothing world-sized.
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105
+        return DeviceMesh
 
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_pg_registry", "_rm_world", "_hash")}
-        w = self._rm_world
-        state["_rm_world_state"] = (w.layout, w.rank)
+        """torch's ``DeviceMesh.__getstate__`` of the same mesh: the same fields, with the world's
+        rank map (``_rank_map``, and the W-long ``_flatten_rank_map`` tuple, made once per world and
+        shared by every mesh of it, so a pickle of several meshes holds it once). O(world size)
+        the first time, and only when a mesh is pickled (``torch.save`` of a DTensor, say): that is
+        what the file holds, as torch's. ``_hash`` is left to be recomputed where it is loaded (the
+        mesh's names hash differently in another process).
+
+        Example (rank 2 of 4; what ``torch.load(..., weights_only=True)`` rebuilds, with or without
+        rankmesh there)::
+
+            >>> import pickle, torch.distributed as dist
+            >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+            >>> dist.init_process_group("fake", rank=2, world_size=4, store=FakeStore())
+            >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            >>> back = pickle.loads(pickle.dumps(mesh["tp"]))
+            >>> type(back).__name__, back == mesh["tp"], back.mesh.tolist(), back.get_coordinate()
+            ('DeviceMesh', True, [2, 3], (0,))
+            >>> dist.destroy_process_group()
+        """
+        state = {k: v for k, v in self.__dict__.items() if k not in _NOT_TORCH_STATE}
+        state["_rank_map"] = self._rank_map
+        state["_flatten_rank_map"] = self._flatten_rank_map
+        state["_hash"] = None
         return state
 
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        return (copyreg.__newobj__, (DeviceMesh,), self.__getstate__())
+
     def __setstate__(self, state: dict) -> None:
+        # Only a pickle made by rankmesh 0.1.0 (class FastDeviceMesh, rankmesh's own state) comes
+        # here, loaded with weights_only=False: today's pickles name torch's DeviceMesh.
         state = dict(state)
         layout, rank = state.pop("_rm_world_state")
         root = state.get("_root_mesh")
@@ -546,6 +596,24 @@ class FastDeviceMesh(DeviceMesh):
             pg = _fast_groups.resolve_group(name)
             if pg is not None:
                 registry[name] = pg
+
+    def __copy__(self) -> FastDeviceMesh:
+        new = object.__new__(FastDeviceMesh)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["_pg_registry"] = dict(self._pg_registry)
+        return new
+
+    def __deepcopy__(self, memo: dict) -> FastDeviceMesh:
+        """A fast mesh equal to this one; the world (this process's groups and rank map, made at
+        most once) and the process groups are shared, not copied, as torch's copy resolves the same
+        groups by name."""
+        new = object.__new__(FastDeviceMesh)
+        memo[id(self)] = new
+        d = self.__dict__
+        shared = ("_rm_world", "_rm_layout", "_pg_registry")
+        new.__dict__.update(copy.deepcopy({k: v for k, v in d.items() if k not in shared}, memo))
+        new.__dict__.update({k: d[k] for k in shared}, _pg_registry=dict(d["_pg_registry"]))
+        return new
 
     # -- derivations -----------------------------------------------------------------------------
 
@@ -1037,7 +1105,7 @@ def init_device_mesh(
     else:
         world_layout = MeshLayout.world(world_size, rank_map)
 
-    if not compat.fast_meshes_available():
+    if not compat.fast_meshes_available() or _symbolic_rank():
         return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
 
     rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
@@ -1193,6 +1261,24 @@ def from_group(
     return root
 
 
+def _symbolic_rank() -> bool:
+    """Whether this process's rank is no plain int: under torch's ``LocalTensorMode``
+    (``torch.distributed._local_tensor``, torch 2.15), one process plays every rank and
+    ``dist.get_rank()`` is a per-rank ``SymInt``. A fast mesh holds one rank's groups and
+    coordinate, so :func:`init_device_mesh` then hands the call to torch's own construction, which
+    builds under the mode (torch 2.13's mode leaves ``get_rank`` an int: a fast mesh, which the mode
+    answers for every rank as it does torch's)."""
+    rank = dist.get_rank()
+    if isinstance(rank, int):
+        return False
+    _log.debug(
+        "rankmesh.init_device_mesh: the rank is a %s, not an int (torch's LocalTensorMode?), so torch's own "
+        "init_device_mesh builds the mesh",
+        type_name(rank),
+    )
+    return True
+
+
 def _torch_init(
     device_type: str,
     shape: tuple[int, ...],
@@ -1201,8 +1287,14 @@ def _torch_init(
     overrides: tuple[BackendConfig, ...],
     world_layout: MeshLayout,
 ) -> DeviceMesh:
-    """torch's own construction of the same mesh (the fallback on an unknown torch)."""
-    from torch.distributed.device_mesh import init_device_mesh as torch_init
+    """torch's own construction of the same mesh (the fallback on an unknown torch, or a symbolic rank)."""
+    import inspect
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # torch's own function, also where rankmesh.accelerate() put rankmesh's in its place (a
+    # replacement keeps torch's as __wrapped__): calling the replacement would come back here.
+    torch_init = inspect.unwrap(init_device_mesh)
 
     rank_map = world_layout.rank_map()
     if world_layout.placement is not None:
