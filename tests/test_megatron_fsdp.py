@@ -184,3 +184,60 @@ def test_the_benchmark_workloads_build_nothing_world_sized_at_2_20(name):
     assert run.extra["mesh_types"] == ["FastDeviceMesh"]
     assert RANK_MAP_MATERIALISATIONS == before
     assert not rfsdp.is_accelerated()  # the workload restores Megatron's own method
+
+
+# Functions that read a group's ranks or c10d's rank tables (O(group size)). Over groups rankmesh
+# made, the accelerated _init_dist_index reads each group's recorded layout instead; the default
+# group (which rankmesh hands out for a dim spanning the job) is the world in order; only a one-rank
+# group's ranks are read (O(1)).
+_RANK_READERS = {"get_process_group_ranks", "get_global_rank", "get_group_rank", "_get_group_ranks"}
+
+
+def _calls_of_one_init(world, config):
+    """Every Python and C call of a second accelerated ``_init_dist_index`` on rank W/2 + 3 of
+    ``world`` (the first call warms rankmesh's one-time checks), by (file, function), and the
+    sizes of the groups whose ranks it read."""
+    import collections
+    import gc
+    import sys
+
+    _, tp, cp, ep, etp, nopt, pp = CONFIGS[config]
+    calls, read = collections.Counter(), []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls[(frame.f_code.co_filename.rsplit("/", 1)[-1], frame.f_code.co_name)] += 1
+            if frame.f_code.co_name in _RANK_READERS:
+                read.append((frame.f_code.co_name, frame.f_locals.get("group").size()))
+        elif event == "c_call":
+            calls[("C", getattr(arg, "__qualname__", repr(arg)))] += 1
+
+    with fake_world(world, world // 2 + 3):
+        try:
+            ddp = _setup(world, world // 2 + 3, tp, cp, ep, etp, nopt, pp)
+            init = rfsdp.make_init_dist_index(ORIGINAL)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # no fallback to Megatron's own
+                _run(init, ddp)
+                gc.disable()  # a collection's callbacks are not the call's work
+                sys.setprofile(profile)
+                try:
+                    _, index, err, _ = _run(init, ddp)
+                finally:
+                    sys.setprofile(None)
+                    gc.enable()
+            assert err is None and type(index.device_mesh) is FastDeviceMesh
+        finally:
+            ps.destroy_model_parallel()
+    return calls, read
+
+
+@pytest.mark.parametrize("config", ["dense", "moe", "moe_etp", "hsdp", "tp1"])
+def test_over_rankmeshs_groups_the_mesh_phase_reads_no_ranks_and_does_the_same_work_at_any_size(config):
+    """Issue 34: over groups rankmesh made, Megatron-FSDP's meshes are built without reading a
+    group's ranks (one-rank groups aside), the default group included (dense here has ep = etp = 1:
+    its expert dp group is the world; tp1's dp_cp group is the world), and the calls made, Python
+    and C, each counted, are the same for a 2^10-rank job as for a 2^17-rank one."""
+    (small, read_small), (large, read_large) = _calls_of_one_init(1 << 10, config), _calls_of_one_init(1 << 17, config)
+    assert {size for _, size in read_small + read_large} <= {1}, read_large
+    assert small == large, {k: (small[k], large[k]) for k in small | large if small[k] != large[k]}

@@ -97,7 +97,10 @@ def group_layout(pg: Any) -> tuple[int, tuple[tuple[int, int], ...]] | None:
 
 def group_is_range(pg: Any, ranks: range) -> bool:
     """Whether ``pg``'s ranks, in the group's order, are exactly ``ranks`` (a ``range`` with a
-    positive step): O(1) for a group rankmesh made from a layout, O(group) otherwise."""
+    positive step): O(1) for a group rankmesh made from a layout and for the default group (every
+    rank in order, which rankmesh hands out for a dim that spans the job), O(group) otherwise."""
+    if pg is dist.group.WORLD:
+        return ranks == range(pg.size())  # range equality: O(1)
     known = group_layout(pg)
     if known is not None:
         offset, modes = known

@@ -148,7 +148,9 @@ class _Plan:
 def _is_range(group: Any, rank: int, ranks: range) -> bool:
     """Whether ``group``'s ranks are exactly ``ranks`` (a missing tp group stands for the one-rank
     group of this rank, created only once the plan holds): O(1) for a group rankmesh made from a
-    layout (``rankmesh.megatron.initialize_model_parallel``'s), O(group size) otherwise."""
+    layout (``rankmesh.megatron.initialize_model_parallel``'s) and for the default group, which
+    rankmesh hands out for a dim that spans the job (the expert dp group with ep = etp = 1, dp_cp
+    with tp = cp = 1: the world's ranks in order, never read); O(group size) otherwise."""
     from rankmesh.process_groups import group_is_range
 
     if group is None:
