@@ -88,6 +88,12 @@ def small_world():
 
 
 def pytest_configure(config) -> None:
+    # rankmesh keeps its start-up verdicts in a per-user cache (rankmesh._verdicts); the suite
+    # writes its own, never the user's (tests of the cache point it elsewhere themselves).
+    import os
+    import tempfile
+
+    os.environ.setdefault("RANKMESH_CACHE_DIR", tempfile.mkdtemp(prefix="rankmesh-test-cache-"))
     try:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is a test dependency

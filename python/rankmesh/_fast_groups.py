@@ -31,7 +31,14 @@ group's own entries and everything each call wrote into c10d's registry: every t
 ``_world`` and every table global of ``distributed_c10d``, found by walking them, so a table a
 new torch adds is compared too (then destroys both and winds the counter back, so the next
 group gets the name torch's own call would give it).
-A failed check warns once and falls back to torch's calls.
+A failed check warns once and falls back to torch's calls. What the bodies and the probe decide is
+the same in every process that runs the same code, so it is kept once per torch install
+(:mod:`rankmesh._verdicts`, like a ``.pyc``) under a key of everything that decides it: torch's
+release and build, the size and mtime of every file the checked and probed functions come from,
+those functions as this process has them (a wrapper or monkeypatch is another key), the known
+hashes, rankmesh's and Python's versions, and for the split path the accelerator and the bound
+device type. The in-process checks (the private names, the naming scheme) and the per-call gates
+(barrier, TorchComms, a bound device, ``RANKMESH_DISABLE``) still run in every process.
 
 The ``split_group`` path (a default group bound to a device, e.g. NCCL eager init) is made the
 same way by :func:`split_member_group`: torch's ``split_group(split_ranks=[my_group])`` spends
@@ -51,7 +58,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -59,6 +69,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from rankmesh import _verdicts
 from rankmesh._native import hashed_group_name
 from rankmesh._once import warn_once
 from rankmesh._patch import body_unknown, disabled
@@ -202,6 +213,9 @@ def _draw_name(ranks: np.ndarray) -> str:
 
 
 def _static_reason() -> str | None:
+    """Why the fast paths may not run here, from what this process can see at no cost (the private
+    names they use, a known naming scheme), or None. What the bodies and the probes decide is
+    :func:`_checked`'s."""
     missing = [f for f in _FUNCTIONS if not callable(getattr(c10d, f, None))]
     world = getattr(c10d, "_world", None)
     missing += [f"_world.{t}" for t in _TABLES if not hasattr(world, t)]
@@ -209,13 +223,95 @@ def _static_reason() -> str | None:
         return f"torch.distributed lacks {missing}"
     if SCHEME is None:
         return "torch's hashed group names use a salt rankmesh does not know"
-    unknown = bodies_unknown("new_group")
-    if unknown is not None:
-        return unknown
+    return None
+
+
+def _names_reason() -> str | None:
+    """Why rankmesh's hashed group names (:func:`hashed_group_name`) are not torch's
+    (``_hash_ranks_to_str``), or None."""
     for probe in ([0], [0, 1, 2, 3], [5, 17, 1024, 131071]):
         if c10d._hash_ranks_to_str(probe) != hashed_group_name(np.asarray(probe, dtype=np.int32), _salt()):
             return f"torch's _hash_ranks_to_str({probe}) differs from rankmesh's"
     return None
+
+
+# -- the verdicts, kept once per torch install (rankmesh._verdicts) ------------------------------
+
+#: What the probes run besides the bodies :data:`KNOWN_BODIES` names, on torch's side (looked up
+#: where the calls look them up) and rankmesh's: any of them replaced in this process (a wrapper,
+#: a monkeypatch) makes another key, so a verdict is never reused for other code.
+_PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
+_PROBED_OURS = ("_create", "_split", "_draw_name", "_salt", "_names_reason", "_probe_reason", "_split_probe_reason",
+                "_entries", "_registry", "_writes", "_writes_differing", "hashed_group_name")  # fmt: skip
+
+
+def _code_of(obj: Any) -> tuple[str, Any]:
+    """``obj``'s qualified name and its code object (None for a class or a builtin)."""
+    fn = getattr(obj, "__func__", obj)
+    name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    return name, getattr(fn, "__code__", None)
+
+
+def _verdict_key(path: str, extra: dict[str, Any]) -> dict[str, Any] | None:
+    """What decides the ``path`` check's verdict (``"new_group"`` or ``"split_group"``): torch's
+    release and build, Python's and rankmesh's versions, the bodies :data:`KNOWN_BODIES` lists and
+    their hashes, every function the check reads or runs as this process has it (its name, file
+    and first line: a wrapper or a replacement is another key), and the size and mtime of every
+    file they come from (``os.stat``, nothing read). None when a file cannot be stat'ed (then
+    nothing is cached)."""
+    import rankmesh
+
+    release = torch_release()
+    known = {p: KNOWN_BODIES[p].get(release) for p in (path, "new_group")}
+    objs = [getattr(dist, n, None) for n in ("new_group", "split_group")]
+    objs += [getattr(c10d, n, None) for n in _PROBED_TORCH + _FUNCTIONS + _SPLIT_FUNCTIONS]
+    objs += [inspect.unwrap(getattr(c10d, n, None)) for p in known.values() for n in (p or {})]
+    here = globals()
+    objs += [here[n] for n in _PROBED_OURS]
+    files = [c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)]
+    code: list[Any] = []
+    seen: set[int] = set()
+    for obj in objs:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        name, co = _code_of(obj)
+        if co is None:
+            code.append(name)
+            continue
+        if co.co_filename not in files:
+            files.append(co.co_filename)
+        code.append([name, files.index(co.co_filename), co.co_firstlineno])
+    stats = []
+    for file in files:
+        try:
+            st = os.stat(file)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            return None
+        stats.append([file, st.st_size, st.st_mtime_ns])
+    return {
+        "check": path,
+        "torch": [str(torch.__version__), str(getattr(torch.version, "git_version", ""))],  # str: cheap ==
+        "python": sys.version,
+        "rankmesh": rankmesh.__version__,
+        "release": release,
+        "scheme": SCHEME,
+        "bodies": known,
+        "code": code,
+        "files": stats,
+        **extra,
+    }
+
+
+def _checked(path: str, extra: dict[str, Any], compute: Callable[[], str | None]) -> str | None:
+    """``compute()``'s verdict for the ``path`` check, kept once per torch install under
+    :func:`_verdict_key` (:mod:`rankmesh._verdicts`): later processes with the same torch,
+    rankmesh and Python files read it instead of hashing torch's source and probing."""
+    key = _verdict_key(path, extra)
+    if key is None:
+        return compute()
+    name = " ".join([path, *(f"{k}={v}" for k, v in extra.items())])  # e.g. "new_group backend=fake"
+    return _verdicts.verdict(name, key, compute, scope=f"{os.path.dirname(torch.__file__)} {sys.version}")
 
 
 def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
@@ -389,11 +485,16 @@ def _probe_reason(backend: str) -> str | None:
 
 def self_check(backend: str = "fake") -> bool:
     """Whether :func:`new_member_group` may make groups itself under the current default group
-    (decided once per default group; every rank of the job runs the same probe)."""
+    (decided once per default group; every rank of the job runs the same probe, or reads its
+    verdict from the once-per-install cache: :func:`_checked`)."""
     default = c10d._get_default_group()
     key = id(default)
     if key not in _state:
-        reason = _static_reason() or _probe_reason(backend)
+        reason = _static_reason() or _checked(
+            "new_group",
+            {"backend": backend},
+            lambda: bodies_unknown("new_group") or _names_reason() or _probe_reason(backend),
+        )
         _state.clear()
         _state[key] = reason is None
         if reason is not None:
@@ -685,13 +786,22 @@ def split_self_check() -> bool:
     default = c10d._get_default_group()
     key = id(default)
     if key not in _split_state:
+        missing = [f for f in _SPLIT_FUNCTIONS if getattr(c10d, f, None) is None]
         if SPLIT_SHAPE is None:
             reason = f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces"
-        elif (reason := bodies_unknown("split_group")) is not None:
-            pass
+        elif missing:
+            reason = f"torch.distributed lacks {missing}"
         else:
-            missing = [f for f in _SPLIT_FUNCTIONS if getattr(c10d, f, None) is None]
-            reason = f"torch.distributed lacks {missing}" if missing else (_static_reason() or _split_probe_reason())
+            accelerator = torch.accelerator.current_accelerator()  # which backend of the parent splits
+            bound = default.bound_device_id
+            reason = _static_reason() or _checked(
+                "split_group",
+                {"accelerator": accelerator and accelerator.type, "bound": bound and bound.type},
+                lambda: bodies_unknown("split_group")
+                or bodies_unknown("new_group")
+                or _names_reason()
+                or _split_probe_reason(),
+            )
         _split_state.clear()
         _split_state[key] = reason is None
         if reason is not None:

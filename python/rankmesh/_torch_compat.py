@@ -49,7 +49,9 @@ Private torch state is read in two modules only, each with a start-up check
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 
 import torch
@@ -332,13 +334,55 @@ def _self_check() -> str | None:
     missing += [
         f"{field} (read by {method})"
         for field, method in _READ_FIELDS
-        if field not in getattr(getattr(DeviceMesh, method, None), "__code__", compile("", "", "exec")).co_names
+        if field not in getattr(getattr(getattr(DeviceMesh, method, None), "__code__", None), "co_names", ())
     ]
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
     concatenate = concatenate_unknown()
     if concatenate is not None:
         return f"torch {torch.__version__}: {concatenate}"
+    key = _algebra_key()
+    if key is None:
+        return _algebra_reason()
+    from rankmesh import _verdicts
+
+    scope = f"{os.path.dirname(torch.__file__)} {sys.version}"
+    return _verdicts.verdict("torch_compat algebra", key, _algebra_reason, scope=scope)
+
+
+def _algebra_key() -> dict | None:
+    """What decides :func:`_algebra_reason`: torch's and rankmesh's versions and the size and
+    mtime of the files of both algebras (torch's ``_mesh_layout`` and ``_pycute``, rankmesh's
+    native module and this file), read with ``os.stat`` only; None when one cannot be stat'ed."""
+    import torch.distributed._mesh_layout as mesh_layout
+
+    import rankmesh
+
+    native = sys.modules.get("rankmesh._native")
+    files = [mesh_layout.__file__, __file__, getattr(native, "__file__", None)]
+    pycute = sys.modules.get("torch.distributed._pycute")
+    if pycute is not None:
+        folder = os.path.dirname(pycute.__file__)
+        files += sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
+    stats = []
+    for file in files:
+        try:
+            st = os.stat(file)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            return None
+        stats.append([file, st.st_size, st.st_mtime_ns])
+    return {
+        "torch": [str(torch.__version__), str(getattr(torch.version, "git_version", ""))],
+        "python": sys.version,
+        "rankmesh": rankmesh.__version__,
+        "files": stats,
+    }
+
+
+def _algebra_reason() -> str | None:
+    """Why torch's layout algebra and rankmesh's disagree (on a layout that exercises composition,
+    coalescing and flattening), or None: the part of the self-check decided by the two algebras'
+    code alone, so its verdict is kept once per install (:mod:`rankmesh._verdicts`)."""
     try:
         from rankmesh._native import MeshLayout
 

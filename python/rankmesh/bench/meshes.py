@@ -34,9 +34,13 @@ code is made to take its split path by reporting an accelerator).
 Each worker imports everything first (torch 2.15's first slice imports ``torch._dynamo``, ~2 s;
 imports are not counted), then builds the recipe twice at the measured world: the **cold** first
 build (what a trainer waits for: it builds its meshes once per process; rankmesh's one-time
-start-up checks included) and the **warm** second one. Reported per point: median warm and cold
-time, the ratio, peak RSS added by the warm build (VmHWM after resetting it, minus the RSS before),
-the process groups this rank holds.
+start-up checks included) and the **warm** second one. rankmesh's start-up checks keep their
+verdicts once per torch install (:mod:`rankmesh._verdicts`), so its workers run on a cache of the
+run's own (``RANKMESH_CACHE_DIR`` in a temporary folder): per point, one more worker runs first on
+an empty cache, the first process on a **fresh install**, which fills it for the cold figures of the
+others (a machine that has run rankmesh once). Reported per point: median warm and cold time, the
+ratio, rankmesh's fresh-install first build, peak RSS added by the warm build (VmHWM after
+resetting it, minus the RSS before), the process groups this rank holds.
 
 Usage::
 
@@ -52,9 +56,11 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -253,6 +259,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     import torch.distributed as dist
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
+    import rankmesh.bench.stock  # noqa: F401  (parallel_dims's requests, both sides: ~1.5 ms compiling without .pyc)
     import rankmesh.devicemesh  # noqa: F401
     import rankmesh.mesh  # noqa: F401
     import rankmesh.torchtitan.parallel_dims  # noqa: F401
@@ -340,9 +347,11 @@ def measure_split_call(world: int) -> dict:
     return {"world": world, **{k: statistics.median(v) if v else None for k, v in times.items()}}
 
 
-def _run_worker(args: list[str]) -> dict:
+def _run_worker(args: list[str], cache: str | None = None) -> dict:
+    """One worker process; ``cache``: the folder rankmesh keeps its start-up check verdicts in."""
     cmd = [sys.executable, "-m", "rankmesh.bench.meshes", *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = None if cache is None else {**os.environ, "RANKMESH_CACHE_DIR": cache}
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -403,13 +412,16 @@ def summarize(samples: list[dict]) -> list[dict]:
     for recipe, path, world in keys:
         row: dict = {"recipe": recipe, "path": path, "world": world}
         for impl in IMPLS:
-            mine = [
+            point = [
                 s for s in samples if (s["recipe"], s["path"], s["world"], s["impl"]) == (recipe, path, world, impl)
             ]
+            mine = [s for s in point if not s.get("fresh")]
+            fresh = [s["cold_s"] for s in point if s.get("fresh")]
             if mine:
                 row[impl] = {
                     "median_s": statistics.median(s["total_s"] for s in mine),
                     "cold_s": statistics.median(s["cold_s"] for s in mine) if "cold_s" in mine[0] else None,
+                    "fresh_s": statistics.median(fresh) if fresh else None,  # first process, empty cache
                     "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in mine),
                     "process_groups": mine[0]["process_groups"],
                     "meshes": mine[0]["meshes_fetched"],
@@ -434,19 +446,19 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
             lines += [
                 f"**{recipe}, {path} path** ({n} meshes per build)",
                 "",
-                "| world size | stock torch, cold | rankmesh, cold | speed-up, cold | stock torch, warm "
-                "| rankmesh, warm | speed-up, warm | extra RSS torch | extra RSS rankmesh "
+                "| world size | stock torch, cold | rankmesh, cold | speed-up, cold | rankmesh, cold, fresh install "
+                "| stock torch, warm | rankmesh, warm | speed-up, warm | extra RSS torch | extra RSS rankmesh "
                 "| PGs/rank torch | PGs/rank rankmesh |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for r in mine:
                 t, m = r.get("torch"), r.get("rankmesh")
                 cell = lambda x, k, f: f(x[k]) if x else "–"  # noqa: E731
                 speed = f"{r['speedup']:,.0f}×" if "speedup" in r else "–"
                 cold_speed = f"{r['cold_speedup']:,.0f}×" if "cold_speedup" in r else "–"
-                cold = lambda x: _fmt_s(x["cold_s"]) if x and x.get("cold_s") else "–"  # noqa: E731
+                cold = lambda x, k="cold_s": _fmt_s(x[k]) if x and x.get(k) else "–"  # noqa: E731
                 lines.append(
-                    f"| {r['world']:,} | {cold(t)} | {cold(m)} | {cold_speed} "
+                    f"| {r['world']:,} | {cold(t)} | {cold(m)} | {cold_speed} | {cold(m, 'fresh_s')} "
                     f"| {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
                     f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} "
                     f"| {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
@@ -562,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         recipes.remove("megatron")
         print("megatron-core is not installed: skipping the megatron recipe", file=sys.stderr)
     samples = []
+    cache = os.path.join(tempfile.mkdtemp(prefix="rankmesh-bench-"), "cache")  # this run's verdicts
     for recipe in recipes:
         for path in paths:
             for world in worlds:
@@ -569,30 +582,24 @@ def main(argv: list[str] | None = None) -> int:
                     if (impl, recipe, path) in NOT_MEASURABLE:
                         continue
                     n = args.repeats if impl != "torch" else (args.torch_repeats if world < 2**17 else 1)
-                    for _ in range(n):
-                        s = _run_worker(
-                            [
-                                "--worker",
-                                impl,
-                                "--recipe",
-                                recipe,
-                                "--path",
-                                path,
-                                "--world",
-                                str(world),
-                                "--rank",
-                                str(args.rank),
-                            ]
-                        )
+                    fresh = impl == "rankmesh"  # first a process on a fresh install: an empty cache
+                    if fresh:
+                        shutil.rmtree(cache, ignore_errors=True)
+                    for i in range(n + fresh):
+                        worker = ["--worker", impl, "--recipe", recipe, "--path", path, "--world", str(world)]
+                        s = _run_worker([*worker, "--rank", str(args.rank)], cache)
+                        s["fresh"] = fresh and i == 0
                         samples.append(s)
                         print(
                             f"  {recipe:13s} {path:11s} {impl:8s} W={world:>9,}  {_fmt_s(s['total_s']):>10}  "
+                            f"cold {_fmt_s(s['cold_s']):>10}{' (fresh install)' if s['fresh'] else ''}  "
                             f"+{s['extra_rss_mb']:.1f} MB  {s['process_groups']} PGs",
                             file=sys.stderr,
                         )
     split_calls = []
     if "split_group" in paths:
-        split_calls = [_run_worker(["--split-call", "--world", str(w)]) for w in worlds]
+        split_calls = [_run_worker(["--split-call", "--world", str(w)], cache) for w in worlds]
+    shutil.rmtree(os.path.dirname(cache), ignore_errors=True)
     out = results_dir(args.out)
     import torch
 

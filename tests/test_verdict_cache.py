@@ -1,0 +1,345 @@
+"""The start-up checks' verdicts, kept once per torch install (rankmesh._verdicts, issue 34).
+
+A later process with the same torch, rankmesh and Python files takes the verdict from the cache
+file and neither reads torch's source nor probes the registry; anything else (a corrupt,
+truncated, foreign, unreadable file, a changed file or function, an unusable directory) makes it
+check afresh, never trust the file. Every test points the cache at its own ``tmp_path``
+(``RANKMESH_CACHE_DIR``) and forgets what this process remembers, as a new process would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+from rankmesh import _once, _verdicts
+
+pytest.importorskip("torch")
+import linecache  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from rankmesh import _fast_groups as fg  # noqa: E402
+from torch.distributed import distributed_c10d as c10d  # noqa: E402
+
+from tests.conftest import FAKE, SPLITFAKE, fake_world  # noqa: E402
+
+NEW_GROUP = f"new_group backend={FAKE}"
+
+
+def _new_process(monkeypatch) -> None:
+    """Forget every verdict this process holds (the files stay)."""
+    monkeypatch.setattr(fg, "_state", {})
+    monkeypatch.setattr(fg, "_split_state", {})
+    monkeypatch.setattr(fg, "_bodies_checked", {})
+    _verdicts.forget()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    directory = tmp_path / "cache"
+    monkeypatch.setenv(_verdicts.ENV, str(directory))
+    monkeypatch.setattr(_once, "_seen", set())
+    _new_process(monkeypatch)
+    yield directory
+    _verdicts.forget()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts what the checks cost: lines read from torch's source, body checks, probes."""
+    calls = {"source": 0, "bodies": 0, "probe": 0}
+
+    def counter(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(linecache, "getlines", counter("source", linecache.getlines))
+    monkeypatch.setattr(fg, "bodies_unknown", counter("bodies", fg.bodies_unknown))
+    # each probe's first step
+    monkeypatch.setattr(fg, "register_fake_backend", counter("probe", fg.register_fake_backend))
+    return calls
+
+
+def _the_file(directory: Path) -> Path:
+    (path,) = directory.glob("verdicts-*.json")
+    return path
+
+
+def _check(monkeypatch) -> bool:
+    """A new process's first check on rank 3 of 8."""
+    _new_process(monkeypatch)
+    with fake_world(8, 3):
+        return fg.self_check()
+
+
+def test_a_second_process_reads_neither_torchs_source_nor_probes(cache, counted, monkeypatch):
+    assert _check(monkeypatch)
+    assert counted["bodies"] == 1 and counted["probe"] == 1 and counted["source"] >= 1  # computed
+    doc = json.loads(_the_file(cache).read_text())
+    assert doc["format"] == _verdicts.FORMAT and doc["verdicts"][NEW_GROUP]["reason"] is None
+    key = doc["verdicts"][NEW_GROUP]["key"]
+    assert key["torch"][0] == torch.__version__ and key["rankmesh"] and key["python"] == sys.version
+    st = os.stat(c10d.__file__)
+    assert [c10d.__file__, st.st_size, st.st_mtime_ns] in key["files"]
+
+    counted.update(source=0, bodies=0, probe=0)
+    count = c10d._world.group_count
+    assert _check(monkeypatch)
+    assert counted == {"source": 0, "bodies": 0, "probe": 0}
+    assert c10d._world.group_count == count
+
+
+def test_a_cached_verdict_is_what_decides(cache, monkeypatch):
+    """The file is read, not just written: a failing verdict stored under this key is this
+    process's verdict (it warns once and falls back), with nothing computed."""
+    assert _check(monkeypatch)
+    path = _the_file(cache)
+    doc = json.loads(path.read_text())
+    doc["verdicts"][NEW_GROUP]["reason"] = "a reason from the cache"
+    path.write_text(json.dumps(doc))
+    _new_process(monkeypatch)
+    with fake_world(8, 3):
+        with pytest.warns(RuntimeWarning, match="a reason from the cache"):
+            assert not fg.uses_fast_path(None)
+
+
+def _recomputes(directory: Path, monkeypatch, counted) -> bool:
+    counted.update(source=0, bodies=0, probe=0)
+    assert _check(monkeypatch)  # the right verdict, whatever the file said
+    return counted["bodies"] == 1 and counted["probe"] == 1
+
+
+def _valid(path: Path) -> bool:
+    doc = json.loads(path.read_text())
+    return doc["verdicts"][NEW_GROUP]["reason"] is None
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["garbage", "truncated", "empty", "not an object", "another format", "another torch", "another rankmesh",
+     "a reason that is not a string", "huge"],
+)  # fmt: skip
+def test_a_bad_file_is_never_trusted(cache, counted, monkeypatch, damage):
+    assert _check(monkeypatch)
+    path = _the_file(cache)
+    text = path.read_text()
+    doc = json.loads(text)
+    entry = doc["verdicts"][NEW_GROUP]
+    entry["reason"] = "stale: must not be used"  # whatever survives the damage must not be taken
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xffnot json at all")
+    elif damage == "truncated":
+        path.write_text(json.dumps(doc)[: len(text) // 2])
+    elif damage == "empty":
+        path.write_text("")
+    elif damage == "not an object":
+        path.write_text(json.dumps([doc]))
+    elif damage == "another format":
+        path.write_text(json.dumps({**doc, "format": _verdicts.FORMAT + 1}))
+    elif damage == "another torch":
+        entry["key"]["torch"] = ["2.99.0", "0" * 40]
+        path.write_text(json.dumps(doc))
+    elif damage == "another rankmesh":
+        entry["key"]["rankmesh"] = "99.0.0"
+        path.write_text(json.dumps(doc))
+    elif damage == "a reason that is not a string":
+        entry["reason"] = 0
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text(json.dumps(doc) + " " * (2 << 20))
+    assert _recomputes(cache, monkeypatch, counted)
+    assert _valid(path)  # rewritten whole
+
+
+def test_an_unreadable_file_recomputes_and_says_so_once_at_debug_level(cache, counted, monkeypatch, caplog):
+    assert _check(monkeypatch)
+    path = _the_file(cache)
+    path.unlink()
+    path.mkdir()  # reading and replacing it both fail (chmod would not stop root)
+    with caplog.at_level(logging.DEBUG, logger="rankmesh"):
+        assert _recomputes(cache, monkeypatch, counted)
+        with fake_world(8, 3, SPLITFAKE) as default:
+            default.bound_device_id = torch.device("cuda", 0)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    fg.split_self_check()  # a second verdict in this process: no second message
+            finally:
+                default.bound_device_id = None
+    messages = [r for r in caplog.records if r.name == "rankmesh"]
+    assert len(messages) == 1 and messages[0].levelno == logging.DEBUG, [r.getMessage() for r in messages]
+    assert path.is_dir()
+
+
+@pytest.mark.parametrize("how", ["a file in the way", "cache off"])
+def test_no_usable_directory_computes_in_memory(tmp_path, monkeypatch, counted, caplog, how):
+    monkeypatch.setattr(_once, "_seen", set())
+    if how == "a file in the way":
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv(_verdicts.ENV, str(tmp_path / "file" / "cache"))
+    else:
+        monkeypatch.setenv(_verdicts.ENV, "")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))  # nothing may land in a home either
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for _ in range(2):  # two processes: each computes, and says at most once why it keeps nothing
+        caplog.clear()
+        counted.update(bodies=0, probe=0)
+        with caplog.at_level(logging.DEBUG, logger="rankmesh"):
+            assert _check(monkeypatch)
+            assert _verdicts.verdict("another check", {}, lambda: None, scope="another install") is None
+        assert counted["bodies"] == 1 and counted["probe"] == 1
+        said = [r for r in caplog.records if r.name == "rankmesh"]
+        assert len(said) == (1 if how == "a file in the way" else 0) and all(r.levelno == logging.DEBUG for r in said)
+    assert [p.name for p in tmp_path.rglob("*")] == (["file"] if how == "a file in the way" else [])
+
+
+def test_where_the_cache_lives(tmp_path, monkeypatch):
+    monkeypatch.delenv(_verdicts.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _verdicts.cache_dir() == str(tmp_path / "xdg" / "rankmesh")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _verdicts.cache_dir() == str(tmp_path / "home" / ".cache" / "rankmesh")
+    monkeypatch.setenv(_verdicts.ENV, str(tmp_path / "mine"))
+    assert _verdicts.cache_dir() == str(tmp_path / "mine")
+    monkeypatch.setenv(_verdicts.ENV, "")
+    assert _verdicts.cache_dir() is None and _verdicts.cache_file("x") is None
+    # one file per install: two torch installs sharing a home do not overwrite each other
+    monkeypatch.setenv(_verdicts.ENV, str(tmp_path))
+    assert _verdicts.cache_file("/venv-a/torch 3.11") != _verdicts.cache_file("/venv-b/torch 3.11")
+
+
+def test_a_changed_torch_file_gives_a_new_verdict_never_the_stale_one(cache, counted, monkeypatch):
+    """The key holds the size and mtime of c10d's file: a torch edited or reinstalled in place
+    (here: the same file with a new mtime) is checked afresh, whatever the old verdict said."""
+    assert _check(monkeypatch)
+    path = _the_file(cache)
+    doc = json.loads(path.read_text())
+    doc["verdicts"][NEW_GROUP]["reason"] = "stale: must not be used"
+    path.write_text(json.dumps(doc))
+    real_stat = os.stat
+
+    class _Touched:
+        def __init__(self, st):
+            self.st_size, self.st_mtime_ns = st.st_size, st.st_mtime_ns + 1
+
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: _Touched(real_stat(p)) if p == c10d.__file__ else real_stat(p))
+    assert _recomputes(cache, monkeypatch, counted)
+    assert _valid(path)
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert _recomputes(cache, monkeypatch, counted)  # and back: the file's mtime is what it holds
+
+
+def test_a_function_replaced_in_this_process_gives_a_new_verdict(cache, counted, monkeypatch):
+    """A wrapper around torch's new_group (a framework's, a test's) is probed, not assumed to be
+    the function the cached verdict was made with; and one rankmesh cannot match fails."""
+    assert _check(monkeypatch)
+    real = dist.new_group
+    monkeypatch.setattr(c10d, "_rankmesh_wrapper_table", {}, raising=False)
+
+    def new_group(*args, **kwargs):
+        pg = real(*args, **kwargs)
+        c10d._rankmesh_wrapper_table[pg] = "only torch's call writes this"
+        return pg
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    counted.update(bodies=0, probe=0)
+    with pytest.warns(RuntimeWarning, match="_rankmesh_wrapper_table"):
+        assert not _check(monkeypatch)
+    assert counted["probe"] == 1
+    monkeypatch.setattr(dist, "new_group", real)
+    assert _recomputes(cache, monkeypatch, counted)  # the stock function again: checked afresh, passes
+
+
+def test_the_split_verdict_is_keyed_by_the_accelerator(cache, monkeypatch):
+    with fake_world(8, 3, SPLITFAKE) as default:
+        default.bound_device_id = torch.device("cuda", 0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch 2.13/2.14: split_group not reproduced
+                fg.split_self_check()
+        finally:
+            default.bound_device_id = None
+    if fg.SPLIT_SHAPE is None:  # torch's own split_group: decided without a check to keep
+        assert not cache.exists()
+        return
+    verdicts = json.loads(_the_file(cache).read_text())["verdicts"]
+    (name,) = [n for n in verdicts if n.startswith("split_group")]
+    accelerator = torch.accelerator.current_accelerator()
+    assert verdicts[name]["key"]["accelerator"] == (accelerator and accelerator.type)
+    assert verdicts[name]["key"]["bound"] == "cuda" and verdicts[name]["reason"] is None
+
+
+def test_rankmesh_disable_fast_groups_reads_and_writes_no_cache(cache, monkeypatch):
+    monkeypatch.setenv("RANKMESH_DISABLE", "fast_groups")
+    with fake_world(8, 3):
+        assert not fg.uses_fast_path(None) and not fg.uses_fast_split()
+    assert not cache.exists()
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    from rankmesh import _verdicts
+    me = int(sys.argv[1])
+    for i in range(40):
+        _verdicts.forget()
+        want = f"{me % 2}:{i % 5}"
+        got = _verdicts.verdict(f"check {i % 5}", {"writer": me % 2, "i": i % 5}, lambda: want, scope="s")
+        assert got == want, got
+    """
+)
+
+
+def test_many_processes_writing_at_once_leave_a_valid_file(tmp_path, monkeypatch):
+    """Ranks starting together on one node: each write is a whole file put in place by
+    os.replace, so every reader sees a whole file (or none) and the last one stands."""
+    monkeypatch.setenv(_verdicts.ENV, str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(Path(_verdicts.__file__).parents[1])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(n)], env=env, stderr=subprocess.PIPE) for n in range(6)
+    ]
+    errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, errors
+    path = Path(_verdicts.cache_file("s"))
+    doc = json.loads(path.read_text())
+    assert doc["format"] == _verdicts.FORMAT
+    for name, entry in doc["verdicts"].items():
+        writer, i = entry["key"]["writer"], entry["key"]["i"]
+        assert name == f"check {i}" and entry["reason"] == f"{writer}:{i}"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_the_torch_compat_algebra_check_is_computed_once_per_install(cache, monkeypatch):
+    """The part of the fast meshes' self-check that only the two layout algebras decide (torch's
+    ``_mesh_layout``/``_pycute`` and rankmesh's native module) is kept like the group checks: a
+    later process with the same files reads it; a changed file is another key."""
+    from rankmesh import _torch_compat
+
+    runs = []
+    real = _torch_compat._algebra_reason
+
+    def counting():
+        runs.append(1)
+        return real()
+
+    monkeypatch.setattr(_torch_compat, "_algebra_reason", counting)
+    assert _torch_compat._self_check() is None and len(runs) == 1
+    _verdicts.forget()  # a new process: the file answers
+    assert _torch_compat._self_check() is None and len(runs) == 1
+    key = _torch_compat._algebra_key()
+    key["files"][0][2] += 1  # torch's _mesh_layout.py touched
+    monkeypatch.setattr(_torch_compat, "_algebra_key", lambda: key)
+    _verdicts.forget()
+    assert _torch_compat._self_check() is None and len(runs) == 2
