@@ -359,3 +359,23 @@ def test_a_bound_device_takes_the_split_road(monkeypatch):
         m = tdm.init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("pp", "dp", "tp"))
         assert [ranks_of(m.get_group(n)) for n in ("pp", "dp", "tp")] == [[6, 14], [2, 6], [4, 5, 6, 7]]
         assert all(b.method == "split_group" for b in devicemesh._BUILDERS.values())
+
+
+def test_the_body_check_is_kept_once_per_install(tmp_path, monkeypatch):
+    """Patch.unknown() hashes torch's bodies once per install (rankmesh._verdicts): a later process
+    with the same files reads the verdict; another set of known hashes is another key."""
+    from rankmesh import _patch, _verdicts
+
+    monkeypatch.setenv(_verdicts.ENV, str(tmp_path))
+    _verdicts.forget()
+    hashed = []
+    real = _patch.body_unknown
+    monkeypatch.setattr(_patch, "body_unknown", lambda *a: hashed.append(a[0]) or real(*a))
+    patch = devicemesh.INIT_PROCESS_GROUPS
+    assert patch.unknown() is None and len(hashed) == 2
+    _verdicts.forget()  # a new process
+    assert patch.unknown() is None and len(hashed) == 2
+    release = _torch_compat_release()
+    monkeypatch.setitem(patch.bodies, release, {k: v | {"f" * 16} for k, v in patch.bodies[release].items()})
+    assert patch.unknown() is None and len(hashed) == 4
+    _verdicts.forget()

@@ -83,6 +83,31 @@ def resolve(path: str) -> Any:
     raise ImportError(path)
 
 
+def _bodies_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str | None:
+    for path, fn in fns.items():
+        reason = body_unknown(path, fn, known[path])
+        if reason is not None:
+            return reason
+    return None
+
+
+def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]], release: str) -> dict[str, Any] | None:
+    """What decides :meth:`Patch.unknown`'s body check, without reading a source file: the hashes
+    known, and each function as this process has it (file, first line, the file's size and mtime);
+    None when one has no code or its file cannot be stat'ed (then the bodies are hashed)."""
+    code = []
+    for path, fn in fns.items():
+        co = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None)
+        if co is None:
+            return None
+        try:
+            st = os.stat(co.co_filename)
+        except OSError:
+            return None
+        code.append([path, co.co_filename, co.co_firstlineno, st.st_size, st.st_mtime_ns])
+    return {"release": release, "known": known, "code": code}
+
+
 def body_unknown(what: str, fn: Any, known: Any) -> str | None:
     """Why ``fn``'s body is not one rankmesh has read (its :func:`source_hash` not in ``known``),
     or None when it is; ``what`` names it in the reason."""
@@ -216,15 +241,19 @@ class Patch:
         if known is None:
             installed = _dependencies.version(self.dependency)  # type: ignore[arg-type]
             return f"{self.dependency} {installed} is not a release this patch has read ({', '.join(self.bodies)})"
-        for path, hashes in known.items():
+        fns = {}
+        for path in known:
             try:
-                fn = resolve(path)
+                fns[path] = resolve(path)
             except (ImportError, AttributeError):
                 return f"{path} does not exist"
-            reason = body_unknown(path, fn, hashes)
-            if reason is not None:
-                return reason
-        return None
+        key = _bodies_key(fns, {p: sorted(h) for p, h in known.items()}, release)
+        if key is None:
+            return _bodies_reason(fns, known)
+        from rankmesh import _verdicts  # a leaf too
+
+        scope = f"{self.dependency} {_dependencies.version(self.dependency)} {sys.version}"
+        return _verdicts.verdict(f"patch {self.name}", key, lambda: _bodies_reason(fns, known), scope=scope)
 
     def install(self, *args: Any) -> bool:
         """Swap the attribute (idempotent); False, with one warning, when the target is missing or
