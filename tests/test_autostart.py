@@ -9,8 +9,6 @@ CI (``RANKMESH_TEST_INSTALLED=1``) a missing file fails; from a source tree the 
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
 
@@ -19,12 +17,10 @@ import pytest
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
+from tests.frameworks import child_env, needs_autostart  # noqa: E402
 from tests.mp import rankmesh_mp as mp  # noqa: E402
 
-INSTALLED = importlib.util.find_spec("_rankmesh_autostart") is not None
-if os.environ.get("RANKMESH_TEST_INSTALLED") == "1":
-    assert INSTALLED, "the installed wheel lacks _rankmesh_autostart / rankmesh-autostart.pth"
-pytestmark = pytest.mark.skipif(not INSTALLED, reason="needs rankmesh's wheel installed (its .pth file)")
+pytestmark = needs_autostart
 
 PROBE = """
 import sys
@@ -37,11 +33,8 @@ print(before, dist.init_device_mesh is dm.init_device_mesh, dm.init_device_mesh.
 
 
 def _probe(value: str | None) -> list[str]:
-    env = mp.env()
-    env.pop("RANKMESH_ACCELERATE", None)
+    env = child_env(value)
     env.pop("PYTHONPATH", None)  # the installed wheel, as a user has it
-    if value is not None:
-        env["RANKMESH_ACCELERATE"] = value
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
@@ -81,8 +74,7 @@ def test_every_torchrun_rank_gets_the_patches_and_its_groups_talk_to_the_right_p
 
 
 def test_rankmesh_run_sets_the_variable_for_the_command_and_its_children():
-    env = mp.env()
-    env.pop("RANKMESH_ACCELERATE", None)
+    env = child_env(None)
     code = "import os, subprocess, sys; subprocess.run([sys.executable, '-c', " + repr(PROBE) + "])"
     out = subprocess.run(
         [sys.executable, "-m", "rankmesh", "run", "--", sys.executable, "-c", code],

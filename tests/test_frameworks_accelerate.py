@@ -17,8 +17,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -32,6 +30,7 @@ import rankmesh  # noqa: E402
 import rankmesh.devicemesh as rdm  # noqa: E402
 
 from tests.conftest import fake_world  # noqa: E402
+from tests.frameworks import needs_autostart, run_child  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -162,20 +161,7 @@ dist.destroy_process_group()
 
 
 def _child(world: int, rank: int, mode: str) -> dict[str, Any]:
-    env = dict(os.environ)
-    env.pop("RANKMESH_ACCELERATE", None)
-    if mode == "env":
-        env["RANKMESH_ACCELERATE"] = "1"
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(world), str(rank), mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, world, rank, mode)
 
 
 def test_accelerate_before_importing_accelerate_gives_the_same_meshes():
@@ -186,10 +172,7 @@ def test_accelerate_before_importing_accelerate_gives_the_same_meshes():
     assert fast["record"] == stock["record"]
 
 
-@pytest.mark.skipif(
-    __import__("importlib.util").util.find_spec("_rankmesh_autostart") is None,
-    reason="needs rankmesh's .pth file (the installed wheel, or the dev .venv)",
-)
+@needs_autostart
 def test_the_environment_variable_at_two_to_the_17():
     world, rank = 2**17, 2**16 + 3
     stock, fast = _child(world, rank, "stock"), _child(world, rank, "env")
