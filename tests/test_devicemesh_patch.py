@@ -379,3 +379,21 @@ def test_the_body_check_is_kept_once_per_install(tmp_path, monkeypatch):
     monkeypatch.setitem(patch.bodies, release, {k: v | {"f" * 16} for k, v in patch.bodies[release].items()})
     assert patch.unknown() is None and len(hashed) == 4
     _verdicts.forget()
+
+
+def test_the_general_patches_and_torchtitans_install_together_in_either_order():
+    pytest.importorskip("torchtitan.distributed.parallel_dims")
+    import rankmesh.torchtitan as rt
+
+    for general_first in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "something else replaced it"
+            if general_first:
+                devicemesh.accelerate()
+            handle = rt.accelerate()
+            if not general_first:
+                devicemesh.accelerate()
+            assert rt.PATCH.installed and devicemesh.INIT_DEVICE_MESH.installed
+        handle.restore()
+        devicemesh.restore()
+        assert not rt.PATCH.installed and not devicemesh.INIT_DEVICE_MESH.installed

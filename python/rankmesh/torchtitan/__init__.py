@@ -92,9 +92,13 @@ def _version_reason() -> str | None:
 
 def _recognise(original: Any) -> str | None:
     """None when ``original`` is torch's ``init_device_mesh`` in a torchtitan rankmesh has read."""
+    import inspect
+
     from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
-    if original is not torch_init_device_mesh:
+    # rankmesh.accelerate()'s general patch may stand in either place (it keeps torch's function
+    # as __wrapped__): torchtitan bound before it, or after it (RANKMESH_ACCELERATE=1).
+    if inspect.unwrap(original) is not inspect.unwrap(torch_init_device_mesh):
         return (
             f"{_TARGET_MODULE}.{_TARGET_NAME} is {original!r}, not torch's init_device_mesh "
             "(something else replaced it)"
@@ -237,6 +241,7 @@ def accelerate() -> Acceleration:
         return Acceleration(reason)
 
     import importlib
+    import inspect
 
     from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
@@ -245,7 +250,8 @@ def accelerate() -> Acceleration:
         if PATCH.installed:
             return Acceleration("already accelerated")
         current = getattr(module, _TARGET_NAME, None)
-        if current is not torch_init_device_mesh:
+        # rankmesh.accelerate()'s general patch keeps torch's function as __wrapped__ (see _recognise)
+        if current is None or inspect.unwrap(current) is not inspect.unwrap(torch_init_device_mesh):
             warn_once(
                 ("torchtitan", "foreign"),
                 f"rankmesh.torchtitan.accelerate(): {_TARGET_MODULE}.{_TARGET_NAME} is {current!r}, "
