@@ -282,13 +282,9 @@ def _verdict_key(path: str, extra: dict[str, Any]) -> dict[str, Any] | None:
         if co.co_filename not in files:
             files.append(co.co_filename)
         code.append([name, files.index(co.co_filename), co.co_firstlineno])
-    stats = []
-    for file in files:
-        try:
-            st = os.stat(file)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            return None
-        stats.append([file, st.st_size, st.st_mtime_ns])
+    stats = _verdicts.file_stats(files)
+    if stats is None:
+        return None
     return {
         "check": path,
         "torch": [str(torch.__version__), str(getattr(torch.version, "git_version", ""))],  # str: cheap ==

@@ -19,7 +19,17 @@ from typing import Any
 
 from rankmesh._once import warn_once
 
-__all__ = ["SWITCHES", "Patch", "body_unknown", "code_lines", "disabled", "resolve", "source_hash", "text_hash"]
+__all__ = [
+    "SWITCHES",
+    "Patch",
+    "body_unknown",
+    "bodies_unknown",
+    "code_lines",
+    "disabled",
+    "resolve",
+    "source_hash",
+    "text_hash",
+]
 
 _lock = threading.RLock()
 
@@ -83,6 +93,19 @@ def resolve(path: str) -> Any:
     raise ImportError(path)
 
 
+def bodies_unknown(name: str, fns: dict[str, Any], known: Any, *, scope: str) -> str | None:
+    """The first of ``fns`` (``{what: function}``) whose body hash is not in ``known[what]``, as
+    :func:`body_unknown` says it, or None: hashed once per install (:mod:`rankmesh._verdicts`,
+    keyed by the hashes known and each function's file, line, size and mtime), so a later process
+    reads no source. ``name`` and ``scope`` name the verdict and its file."""
+    key = _bodies_key(fns, {p: sorted(h) for p, h in known.items()})
+    if key is None:
+        return _bodies_reason(fns, known)
+    from rankmesh import _verdicts  # a leaf too
+
+    return _verdicts.verdict(name, key, lambda: _bodies_reason(fns, known), scope=f"{scope} {sys.version}")
+
+
 def _bodies_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str | None:
     for path, fn in fns.items():
         reason = body_unknown(path, fn, known[path])
@@ -91,21 +114,20 @@ def _bodies_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str
     return None
 
 
-def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]], release: str) -> dict[str, Any] | None:
+def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]]) -> dict[str, Any] | None:
     """What decides :meth:`Patch.unknown`'s body check, without reading a source file: the hashes
     known, and each function as this process has it (file, first line, the file's size and mtime);
     None when one has no code or its file cannot be stat'ed (then the bodies are hashed)."""
+    from rankmesh._verdicts import file_stats
+
     code = []
     for path, fn in fns.items():
         co = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None)
         if co is None:
             return None
-        try:
-            st = os.stat(co.co_filename)
-        except OSError:
-            return None
-        code.append([path, co.co_filename, co.co_firstlineno, st.st_size, st.st_mtime_ns])
-    return {"release": release, "known": known, "code": code}
+        code.append([path, co.co_filename, co.co_firstlineno])
+    stats = file_stats(sorted({c[1] for c in code}))
+    return None if stats is None else {"known": known, "code": code, "files": stats}
 
 
 def body_unknown(what: str, fn: Any, known: Any) -> str | None:
@@ -247,13 +269,8 @@ class Patch:
                 fns[path] = resolve(path)
             except (ImportError, AttributeError):
                 return f"{path} does not exist"
-        key = _bodies_key(fns, {p: sorted(h) for p, h in known.items()}, release)
-        if key is None:
-            return _bodies_reason(fns, known)
-        from rankmesh import _verdicts  # a leaf too
-
-        scope = f"{self.dependency} {_dependencies.version(self.dependency)} {sys.version}"
-        return _verdicts.verdict(f"patch {self.name}", key, lambda: _bodies_reason(fns, known), scope=scope)
+        scope = f"{self.dependency} {_dependencies.version(self.dependency)}"
+        return bodies_unknown(f"patch {self.name}", fns, known, scope=scope)
 
     def install(self, *args: Any) -> bool:
         """Swap the attribute (idempotent); False, with one warning, when the target is missing or

@@ -364,13 +364,11 @@ def _algebra_key() -> dict | None:
     if pycute is not None:
         folder = os.path.dirname(pycute.__file__)
         files += sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
-    stats = []
-    for file in files:
-        try:
-            st = os.stat(file)  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            return None
-        stats.append([file, st.st_size, st.st_mtime_ns])
+    from rankmesh._verdicts import file_stats
+
+    stats = file_stats(files)
+    if stats is None:
+        return None
     return {
         "torch": [str(torch.__version__), str(getattr(torch.version, "git_version", ""))],
         "python": sys.version,

@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "forget", "verdict"]
+__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "file_stats", "forget", "verdict"]
 
 #: The environment variable that moves the cache (a directory), or turns it off (set and empty).
 ENV = "RANKMESH_CACHE_DIR"
@@ -107,6 +107,19 @@ def verdict(name: str, key: dict[str, Any], compute: Callable[[], str | None], *
     if path is not None:
         _store(path, name, {"key": key, "reason": reason})
     return reason
+
+
+def file_stats(files: Any) -> list[list[Any]] | None:
+    """``[path, size, mtime_ns]`` of each file (``os.stat``, nothing read): the part of a key that
+    says "the same code"; None when one cannot be stat'ed (then nothing is cached)."""
+    stats = []
+    for file in files:
+        try:
+            st = os.stat(file)
+        except (OSError, TypeError):
+            return None
+        stats.append([file, st.st_size, st.st_mtime_ns])
+    return stats
 
 
 def forget() -> None:

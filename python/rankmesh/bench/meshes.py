@@ -267,6 +267,8 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
 
     if recipe == "torchtitan":
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
+
+        import rankmesh.torchtitan.spmd_axis  # noqa: F401  (accelerate() imports it: not part of the call)
     if recipe == "megatron":
         import warnings
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from rankmesh._dependencies import DEPENDENCIES, unsupported
 from rankmesh._dependencies import version as dependency_version
-from rankmesh._patch import Patch, body_unknown
+from rankmesh._patch import Patch, bodies_unknown
 
 __all__ = ["COUNTS", "KNOWN_BODY_HASHES", "KNOWN_VERSIONS", "contains", "make_le", "unknown"]
 
@@ -134,7 +134,10 @@ def unknown(original: Any) -> str | None:
     if reason is not None:
         return reason
     version = dependency_version("spmd_types")
-    return body_unknown(f"spmd_types {version}'s MeshAxis.__le__", original, KNOWN_BODY_HASHES)
+    what = f"spmd_types {version}'s MeshAxis.__le__"
+    return bodies_unknown(
+        "patch spmd_axis_le", {what: original}, {what: KNOWN_BODY_HASHES}, scope=f"spmd_types {version}"
+    )
 
 
 #: The patch (listed in :mod:`rankmesh.patches`; installed by :func:`rankmesh.torchtitan.accelerate`).
