@@ -147,14 +147,15 @@ def _plan(layout: Any, rank_map: Any, mesh_dim_names: Any, backend_override: Any
 
     from rankmesh import _torch_compat as compat
     from rankmesh.errors import RankmeshError
-    from rankmesh.mesh import _modes
+    from rankmesh.mesh import _modes, _symbolic_rank
     from rankmesh.process_groups import check_backend_name
 
     if preserve or not dist.is_initialized():
         return None
-    rank = dist.get_rank()
-    if type(rank) is not int or type(rank_map) is not torch.Tensor or rank_map.device.type != "cpu":
-        return None  # symbolic ranks (LocalTensorMode), tensor subclasses, device rank maps: torch's
+    if _symbolic_rank("DeviceMesh._init_process_groups", "method makes the groups"):
+        return None  # LocalTensorMode: one process plays every rank
+    if type(rank_map) is not torch.Tensor or rank_map.device.type != "cpu":
+        return None  # tensor subclasses, device rank maps: torch's
     if not isinstance(layout, compat.TorchMeshLayout) or len(backend_override) != len(layout):
         return None
     default_group = dist.group.WORLD

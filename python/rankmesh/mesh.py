@@ -1261,20 +1261,23 @@ def from_group(
     return root
 
 
-def _symbolic_rank() -> bool:
+def _symbolic_rank(who: str = "rankmesh.init_device_mesh", instead: str = "init_device_mesh builds the mesh") -> bool:
     """Whether this process's rank is no plain int: under torch's ``LocalTensorMode``
     (``torch.distributed._local_tensor``, torch 2.15), one process plays every rank and
     ``dist.get_rank()`` is a per-rank ``SymInt``. A fast mesh holds one rank's groups and
     coordinate, so :func:`init_device_mesh` then hands the call to torch's own construction, which
     builds under the mode (torch 2.13's mode leaves ``get_rank`` an int: a fast mesh, which the mode
-    answers for every rank as it does torch's)."""
+    answers for every rank as it does torch's); the ``init_process_groups`` patch hands its call to
+    torch's method alike. ``who`` and ``instead`` name the caller and torch's road in the one debug
+    line."""
     rank = dist.get_rank()
     if isinstance(rank, int):
         return False
     _log.debug(
-        "rankmesh.init_device_mesh: the rank is a %s, not an int (torch's LocalTensorMode?), so torch's own "
-        "init_device_mesh builds the mesh",
+        "%s: the rank is a %s, not an int (torch's LocalTensorMode?), so torch's own %s",
+        who,
         type_name(rank),
+        instead,
     )
     return True
 
