@@ -282,21 +282,17 @@ def _verdict_key(path: str, extra: dict[str, Any]) -> dict[str, Any] | None:
         if co.co_filename not in files:
             files.append(co.co_filename)
         code.append([name, files.index(co.co_filename), co.co_firstlineno])
-    stats = _verdicts.file_stats(files)
-    if stats is None:
-        return None
-    return {
-        "check": path,
-        "torch": [str(torch.__version__), str(getattr(torch.version, "git_version", ""))],  # str: cheap ==
-        "python": sys.version,
-        "rankmesh": rankmesh.__version__,
-        "release": release,
-        "scheme": SCHEME,
-        "bodies": known,
-        "code": code,
-        "files": stats,
+    return _verdicts.code_key(
+        files,
+        check=path,
+        torch=[str(torch.__version__), str(getattr(torch.version, "git_version", ""))],  # str: cheap ==
+        rankmesh=rankmesh.__version__,
+        release=release,
+        scheme=SCHEME,
+        bodies=known,
+        code=code,
         **extra,
-    }
+    )
 
 
 def _checked(path: str, extra: dict[str, Any], compute: Callable[[], str | None]) -> str | None:

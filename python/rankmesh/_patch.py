@@ -118,7 +118,7 @@ def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]]) -> dict[str, A
     """What decides :meth:`Patch.unknown`'s body check, without reading a source file: the hashes
     known, and each function as this process has it (file, first line, the file's size and mtime);
     None when one has no code or its file cannot be stat'ed (then the bodies are hashed)."""
-    from rankmesh._verdicts import file_stats
+    from rankmesh._verdicts import code_key
 
     code = []
     for path, fn in fns.items():
@@ -126,8 +126,7 @@ def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]]) -> dict[str, A
         if co is None:
             return None
         code.append([path, co.co_filename, co.co_firstlineno])
-    stats = file_stats(sorted({c[1] for c in code}))
-    return None if stats is None else {"known": known, "code": code, "files": stats}
+    return code_key(sorted({c[1] for c in code}), known=known, code=code)
 
 
 def body_unknown(what: str, fn: Any, known: Any) -> str | None:

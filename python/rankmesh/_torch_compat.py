@@ -90,6 +90,7 @@ __all__ = [
     "accelerator_backend_name",
 ]
 
+
 def _parse(version: str) -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", version)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
@@ -364,17 +365,13 @@ def _algebra_key() -> dict | None:
     if pycute is not None:
         folder = os.path.dirname(pycute.__file__)
         files += sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
-    from rankmesh._verdicts import file_stats
+    from rankmesh._verdicts import code_key
 
-    stats = file_stats(files)
-    if stats is None:
-        return None
-    return {
-        "torch": [str(torch.__version__), str(getattr(torch.version, "git_version", ""))],
-        "python": sys.version,
-        "rankmesh": rankmesh.__version__,
-        "files": stats,
-    }
+    return code_key(
+        files,
+        torch=[str(torch.__version__), str(getattr(torch.version, "git_version", ""))],
+        rankmesh=rankmesh.__version__,
+    )
 
 
 def _algebra_reason() -> str | None:

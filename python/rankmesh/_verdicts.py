@@ -38,12 +38,13 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "file_stats", "forget", "verdict"]
+__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "code_key", "forget", "verdict"]
 
 #: The environment variable that moves the cache (a directory), or turns it off (set and empty).
 ENV = "RANKMESH_CACHE_DIR"
@@ -109,9 +110,10 @@ def verdict(name: str, key: dict[str, Any], compute: Callable[[], str | None], *
     return reason
 
 
-def file_stats(files: Any) -> list[list[Any]] | None:
-    """``[path, size, mtime_ns]`` of each file (``os.stat``, nothing read): the part of a key that
-    says "the same code"; None when one cannot be stat'ed (then nothing is cached)."""
+def code_key(files: Any, **facts: Any) -> dict[str, Any] | None:
+    """A verdict's key for code that lives in ``files``: ``facts`` (versions, hashes known, which
+    functions), the Python version, and ``[path, size, mtime_ns]`` of each file (``os.stat``,
+    nothing read: "the same code"); None when a file cannot be stat'ed (then nothing is cached)."""
     stats = []
     for file in files:
         try:
@@ -119,7 +121,7 @@ def file_stats(files: Any) -> list[list[Any]] | None:
         except (OSError, TypeError):
             return None
         stats.append([file, st.st_size, st.st_mtime_ns])
-    return stats
+    return {**facts, "python": sys.version, "files": stats}
 
 
 def forget() -> None:
