@@ -139,17 +139,13 @@ def version(distribution: str) -> str | None:
     ``PYTHONPATH``) the attribute after importing the module."""
     if distribution not in _versions:
         dep = DEPENDENCIES[distribution]
-        loaded = None
-        if dep.version_attr is not None:  # imported already: its attribute, no metadata parsing
-            module, attr = dep.version_attr.split(":")  # (~1-3 ms for torch's METADATA)
-            loaded = getattr(sys.modules.get(module), attr, None)
-        if loaded is not None:
-            _versions[distribution] = str(loaded)
-        else:
+        found = _version_from_module(dep, imported_only=True)  # no metadata parsing (1-3 ms for torch's)
+        if found is None:
             try:
-                _versions[distribution] = _installed_version(metadata.distribution(distribution))
+                found = _installed_version(metadata.distribution(distribution))
             except metadata.PackageNotFoundError:
-                _versions[distribution] = _version_from_module(dep)
+                found = _version_from_module(dep)
+        _versions[distribution] = found
     return _versions[distribution]
 
 
@@ -164,14 +160,21 @@ def _installed_version(dist: metadata.Distribution) -> str:
 _VERSION_HEADER = re.compile(r"^Version:[ \t]*(\S+)", re.M)
 
 
-def _version_from_module(dep: Dependency) -> str | None:
-    if dep.version_attr is None or not available(dep.distribution):
+def _version_from_module(dep: Dependency, *, imported_only: bool = False) -> str | None:
+    """``dep``'s :attr:`Dependency.version_attr`; with ``imported_only``, only from a module that is
+    imported already (None otherwise), else importing it."""
+    if dep.version_attr is None:
         return None
     module, attr = dep.version_attr.split(":")
-    try:
-        value = getattr(importlib.import_module(module), attr, None)
-    except Exception:  # noqa: BLE001 - a package that fails to import has no version to read
+    if imported_only:
+        value = getattr(sys.modules.get(module), attr, None)
+    elif not available(dep.distribution):
         return None
+    else:
+        try:
+            value = getattr(importlib.import_module(module), attr, None)
+        except Exception:  # noqa: BLE001 - a package that fails to import has no version to read
+            return None
     return None if value is None else str(value)
 
 
