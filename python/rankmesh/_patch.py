@@ -288,7 +288,7 @@ class Patch:
             if original is None:
                 self._warn("missing", f"{self.target} does not exist")
                 return False
-            reason = self._recognise(original) if self.bodies is None else self.unknown()
+            reason = self.unknown()  # the one verb (it reads the attribute found above again)
             if reason is not None:
                 self._warn(reason, reason)
                 return False
