@@ -30,7 +30,7 @@ import rankmesh  # noqa: E402
 import rankmesh.devicemesh as rdm  # noqa: E402
 
 from tests.conftest import fake_world  # noqa: E402
-from tests.frameworks import needs_autostart, run_child  # noqa: E402
+from tests.frameworks import child_code, mesh_record, needs_autostart, run_child  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,25 +49,9 @@ def _sizes(kind: str, world: int) -> dict[str, int]:
 
 def record(config: Any, root: Any, full: bool) -> tuple[dict[str, Any], list[str]]:
     """What accelerate built (this process's and the children's): every mesh, slice, group."""
-    import torch.distributed as dist
 
     def one(mesh: Any) -> dict[str, Any]:
-        out = {
-            "names": list(mesh.mesh_dim_names),
-            "shape": list(mesh.shape),
-            "coordinate": mesh.get_coordinate(),
-            "layout": str(mesh._layout),
-            "device_type": mesh.device_type,
-            "groups": {},
-            "local_ranks": {},
-        }
-        for name in mesh.mesh_dim_names:
-            group = mesh.get_group(name)
-            out["groups"][name] = [dist.get_process_group_ranks(group), str(dist.get_backend(group))]
-            out["local_ranks"][name] = mesh.get_local_rank(name)
-        if full:
-            out["mesh"] = mesh.mesh.tolist()
-        return out
+        return mesh_record(mesh, full)
 
     names = list(root.mesh_dim_names)
     meshes = {"root": one(root)}
@@ -135,28 +119,13 @@ def test_the_process_group_patch_alone_gives_the_same_meshes(world, rank, kind):
     assert patched == stock
 
 
-CHILD = (
-    "from typing import Any\nFLATTENED = "
-    + repr(FLATTENED)
-    + "\n"
-    + inspect.getsource(record)
-    + """
-import json, sys
-world, rank, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-if mode == "accelerate-first":  # the one line, before accelerate is imported
-    import rankmesh
-    rankmesh.accelerate()
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
-from accelerate.parallelism_config import ParallelismConfig
+CHILD = child_code(
+    f"FLATTENED = {FLATTENED!r}\n" + inspect.getsource(record),
+    """from accelerate.parallelism_config import ParallelismConfig
 
-dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 config = ParallelismConfig(dp_shard_size=world // 8, tp_size=8)
 root = config.get_device_mesh("cpu")
-rec, types = record(config, root, full=False)
-print(json.dumps({"record": rec, "types": types, "pgs": len(dist.distributed_c10d._world.pg_map)}))
-dist.destroy_process_group()
-"""
+rec, types = record(config, root, full=False)""",
 )
 
 

@@ -28,7 +28,7 @@ import rankmesh  # noqa: E402
 import rankmesh.devicemesh as rdm  # noqa: E402
 
 from tests.conftest import fake_world  # noqa: E402
-from tests.frameworks import needs_autostart, run_child  # noqa: E402
+from tests.frameworks import child_code, mesh_record, needs_autostart, run_child  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,23 +56,9 @@ def _sizes(kind: str, world: int) -> dict[str, int]:
 
 def record(device_map: Any, manager: Any, full: bool) -> tuple[dict[str, Any], list[str]]:
     """What transformers built (this process's and the children's): every mesh, slice, group."""
-    import torch.distributed as dist
 
     def one(mesh: Any) -> dict[str, Any]:
-        out = {
-            "names": list(mesh.mesh_dim_names),
-            "shape": list(mesh.shape),
-            "coordinate": mesh.get_coordinate(),
-            "layout": str(mesh._layout),
-            "device_type": mesh.device_type,
-            "groups": {},
-        }
-        for name in mesh.mesh_dim_names:
-            group = mesh.get_group(name)
-            out["groups"][name] = [dist.get_process_group_ranks(group), str(dist.get_backend(group))]
-        if full:
-            out["mesh"] = mesh.mesh.tolist()
-        return out
+        return mesh_record(mesh, full)
 
     meshes = {"dense": one(manager._dense_mesh), "expert": one(manager._expert_mesh)}
     for dims in SLICES:
@@ -132,28 +118,13 @@ def test_the_process_group_patch_alone_gives_the_same_meshes(world, rank, kind):
     assert patched == stock
 
 
-CHILD = (
-    "from typing import Any\nSLICES = "
-    + repr(SLICES)
-    + "\n"
-    + inspect.getsource(record)
-    + """
-import json, sys
-world, rank, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-if mode == "accelerate-first":  # the one line, before transformers is imported
-    import rankmesh
-    rankmesh.accelerate()
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
-from transformers.distributed import DistributedConfig
+CHILD = child_code(
+    f"SLICES = {SLICES!r}\n" + inspect.getsource(record),
+    """from transformers.distributed import DistributedConfig
 from transformers.distributed.utils import initialize_distributed_mesh
 
-dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 device_map, manager = initialize_distributed_mesh(DistributedConfig(tp_size=8, fsdp_size=world // 8, ep_size=8))
-rec, types = record(device_map, manager, full=False)
-print(json.dumps({"record": rec, "types": types, "pgs": len(dist.distributed_c10d._world.pg_map)}))
-dist.destroy_process_group()
-"""
+rec, types = record(device_map, manager, full=False)""",
 )
 
 
