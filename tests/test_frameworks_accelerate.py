@@ -67,14 +67,15 @@ def record(config: Any, root: Any, full: bool) -> tuple[dict[str, Any], list[str
     return {"names": names, "meshes": meshes}, types
 
 
-def _call(world: int, rank: int, kind: str) -> tuple[dict[str, Any], list[str]]:
+def _call(world: int, rank: int, kind: str) -> tuple[dict[str, Any], list[str], int]:
     """accelerate's own call (``Accelerator.__init__``): a ParallelismConfig, then get_device_mesh."""
     with fake_world(world, rank):
         config = pc.ParallelismConfig(**_sizes(kind, world))
         assert config.total_size == world
         root = config.get_device_mesh("cpu")
         rec, types = record(config, root, full=world <= 64)
-        return json.loads(json.dumps(rec)), types
+        made = rdm.created_groups()  # by the init_process_groups patch, in this world
+        return json.loads(json.dumps(rec)), types, made
 
 
 CASES = [
@@ -87,12 +88,12 @@ CASES = [
 
 @pytest.mark.parametrize(("world", "rank", "kind"), CASES)
 def test_accelerate_gives_accelerate_the_same_meshes(world, rank, kind):
-    stock, types = _call(world, rank, kind)
+    stock, types, _ = _call(world, rank, kind)
     assert set(types) == {"DeviceMesh"}
     assert all(name in stock["meshes"] for name in FLATTENED)  # every config here has all three
     try:
         assert sorted(rankmesh.accelerate()) == ["init_device_mesh", "init_process_groups"]
-        fast, types = _call(world, rank, kind)
+        fast, types, _ = _call(world, rank, kind)
         # accelerate imports init_device_mesh inside build_device_mesh: the name patch reaches it
         assert set(types) == {"FastDeviceMesh"}
     finally:
@@ -102,20 +103,14 @@ def test_accelerate_gives_accelerate_the_same_meshes(world, rank, kind):
 
 @pytest.mark.parametrize(("world", "rank", "kind"), CASES)
 def test_the_process_group_patch_alone_gives_the_same_meshes(world, rank, kind):
-    stock, _ = _call(world, rank, kind)
-    made: list[int] = []
+    stock, _, _ = _call(world, rank, kind)
     try:
         assert rdm.INIT_PROCESS_GROUPS.install()
-        with fake_world(world, rank):
-            config = pc.ParallelismConfig(**_sizes(kind, world))
-            root = config.get_device_mesh("cpu")
-            rec, types = record(config, root, full=world <= 64)
-            made.append(rdm.created_groups())
-        patched = json.loads(json.dumps(rec))
+        patched, types, made = _call(world, rank, kind)
     finally:
         rdm.restore()
     assert set(types) == {"DeviceMesh"}  # torch's own DeviceMesh, its groups made by the patch
-    assert made[0] > 0
+    assert made > 0
     assert patched == stock
 
 

@@ -67,14 +67,15 @@ def record(device_map: Any, manager: Any, full: bool) -> tuple[dict[str, Any], l
     return {"device_map": str(device_map), "meshes": meshes}, types
 
 
-def _call(world: int, rank: int, kind: str) -> tuple[dict[str, Any], list[str]]:
+def _call(world: int, rank: int, kind: str) -> tuple[dict[str, Any], list[str], int]:
     """transformers' own call (``prepare_distribute_model``): a DistributedConfig, then the function."""
     from transformers.distributed import DistributedConfig
 
     with fake_world(world, rank):
         device_map, manager = tutils.initialize_distributed_mesh(DistributedConfig(**_sizes(kind, world)))
         rec, types = record(device_map, manager, full=world <= 64)
-        return json.loads(json.dumps(rec)), types
+        made = rdm.created_groups()  # by the init_process_groups patch, in this world
+        return json.loads(json.dumps(rec)), types, made
 
 
 CASES = [
@@ -86,11 +87,11 @@ CASES = [
 
 @pytest.mark.parametrize(("world", "rank", "kind"), CASES)
 def test_accelerate_gives_transformers_the_same_meshes(world, rank, kind):
-    stock, types = _call(world, rank, kind)
+    stock, types, _ = _call(world, rank, kind)
     assert types == ["DeviceMesh", "DeviceMesh"]
     try:
         assert sorted(rankmesh.accelerate()) == ["init_device_mesh", "init_process_groups"]
-        fast, types = _call(world, rank, kind)
+        fast, types, _ = _call(world, rank, kind)
         # transformers calls torch.distributed.init_device_mesh at call time: the name patch reaches it
         assert types == ["FastDeviceMesh", "FastDeviceMesh"]
     finally:
@@ -100,21 +101,14 @@ def test_accelerate_gives_transformers_the_same_meshes(world, rank, kind):
 
 @pytest.mark.parametrize(("world", "rank", "kind"), CASES)
 def test_the_process_group_patch_alone_gives_the_same_meshes(world, rank, kind):
-    stock, _ = _call(world, rank, kind)
-    made: list[int] = []
+    stock, _, _ = _call(world, rank, kind)
     try:
         assert rdm.INIT_PROCESS_GROUPS.install()
-        from transformers.distributed import DistributedConfig
-
-        with fake_world(world, rank):
-            device_map, manager = tutils.initialize_distributed_mesh(DistributedConfig(**_sizes(kind, world)))
-            rec, types = record(device_map, manager, full=world <= 64)
-            made.append(rdm.created_groups())
-        patched = json.loads(json.dumps(rec))
+        patched, types, made = _call(world, rank, kind)
     finally:
         rdm.restore()
     assert types == ["DeviceMesh", "DeviceMesh"]  # torch's own DeviceMesh, its groups made by the patch
-    assert made[0] > 0
+    assert made > 0
     assert patched == stock
 
 
