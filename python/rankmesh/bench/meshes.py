@@ -26,6 +26,11 @@ fake backend, one fresh process per measurement standing in for one rank:
   the slices a trainer fetches (:func:`torch_api_recipe`); torch = stock, rankmesh = the same
   code after :func:`rankmesh.accelerate` (the ``init_process_groups`` and ``init_device_mesh``
   patches).
+- one recipe per framework in :mod:`rankmesh.bench.frameworks` (transformers, accelerate, ...;
+  each needs its release installed): the framework's **own** mesh-building call, as it calls it,
+  and the slices it takes; torch = stock, rankmesh = the same call with :func:`rankmesh.accelerate`
+  installed before the framework is imported (as ``RANKMESH_ACCELERATE=1`` does; its one-time
+  checks count towards the first build). ``new_group`` path only.
 
 Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL, gloo) and
 ``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
@@ -66,11 +71,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rankmesh._dependencies import available
+from rankmesh.bench.frameworks import FRAMEWORKS
 
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
 IMPLS = ("rankmesh", "torch")
-RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron", "torch_api")
+RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron", "torch_api", *FRAMEWORKS)
 #: megatron-core's initialize_model_parallel with the same degrees (gloo twins off on both sides:
 #: a gloo group cannot be made on the fake backend's store).
 MEGATRON = dict(
@@ -86,6 +92,9 @@ PATHS = ("new_group", "split_group")
 NOT_MEASURABLE = {
     ("torch", "megatron", "split_group"): "megatron-core's new_group on a default group bound to a "
     "device splits it with perform_nocolor_split, which the fake backend lacks",
+    # The frameworks' own calls run on the new_group path only: the split path is the same patch
+    # (torch_api measures it), and some frameworks read the device from the accelerator they find.
+    **{(i, fw, "split_group"): "frameworks are measured on the new_group path" for fw in FRAMEWORKS for i in IMPLS},
 }
 
 
@@ -218,6 +227,8 @@ def torch_api_recipe(world: int) -> list[Any]:
 
 def _build(impl: str, recipe: str, world: int) -> int:
     """Builds the recipe; returns the number of meshes fetched."""
+    if recipe in FRAMEWORKS:  # the framework's own call; rankmesh's patches installed by measure()
+        return len(FRAMEWORKS[recipe].build(world))
     if recipe == "torch_api":
         import rankmesh.devicemesh as general
 
@@ -278,11 +289,24 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         import rankmesh.megatron.groups  # noqa: F401
         import rankmesh.megatron.parallel_state  # noqa: F401  (imported by the first call otherwise)
 
+    startup = 0.0
+    if recipe in FRAMEWORKS:
+        import importlib
+
+        import rankmesh.devicemesh as general
+
+        if impl == "rankmesh":  # before the framework's import, as RANKMESH_ACCELERATE=1 does;
+            t0 = time.perf_counter()  # its one-time checks count towards the first build
+            general.accelerate()
+            startup = time.perf_counter() - t0
+        for module in FRAMEWORKS[recipe].imports:
+            importlib.import_module(module)
+
     init_fake_world(world, rank)
     with _bound_device(path, impl):
         t0 = time.perf_counter()
         _build(impl, recipe, world)
-        cold = time.perf_counter() - t0
+        cold = time.perf_counter() - t0 + startup
     if recipe == "megatron":
         import megatron.core.parallel_state as mps
 
@@ -485,17 +509,19 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(rows: list[dict], path: Path, title: str, recipes: tuple[str, ...] = RECIPES) -> None:
+    """The time and memory of ``recipes`` against world size, stock and rankmesh."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = {"parallel_dims": "o", "titan030": "s", "torchtitan": "^", "megatron": "D", "torch_api": "v"}
+    markers = "o", "s", "^", "D", "v", "P", "X", "*", "h"
+    styles = {r: markers[i % len(markers)] for i, r in enumerate(recipes)}
     colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
               ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}  # fmt: skip
-    for recipe in RECIPES:
+    for recipe in recipes:
         for p in PATHS:
             for impl in IMPLS:
                 pts = [(r["world"], r[impl]) for r in rows if (r["recipe"], r["path"]) == (recipe, p) and impl in r]
@@ -570,6 +596,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--recipe torchtitan needs torchtitan 0.3.0 installed (pip install torchtitan==0.3.0)")
         recipes.remove("torchtitan")
         print("torchtitan is not installed: skipping the torchtitan recipe", file=sys.stderr)
+    for fw in [r for r in recipes if r in FRAMEWORKS]:
+        dist = FRAMEWORKS[fw].distribution
+        if not FRAMEWORKS[fw].installed():
+            if args.recipe:
+                p.error(f"--recipe {fw} needs {dist} installed (pip install {dist}=={FRAMEWORKS[fw].release})")
+            recipes.remove(fw)
+            print(f"{dist} is not installed: skipping the {fw} recipe", file=sys.stderr)
     if "megatron" in recipes and not available("megatron-core"):
         if args.recipe:
             p.error("--recipe megatron needs megatron-core 0.16 installed (pip install 'megatron-core>=0.16,<0.17')")
@@ -632,7 +665,17 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n"
     )
     if set(IMPLS) <= set(impls):
-        plot(rows, out / f"{stem}.png", f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, {machine()}")
+        own = tuple(r for r in RECIPES if r not in FRAMEWORKS)
+        title = f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, {machine()}"
+        if any(r["recipe"] in own for r in rows):
+            plot(rows, out / f"{stem}.png", title, own)
+        if any(r["recipe"] in FRAMEWORKS for r in rows):
+            plot(
+                rows,
+                out / f"frameworks_torch{tv}.png",
+                f"torch {tv}: each framework's own mesh building, dp W/8, tp 8, {machine()}",
+                tuple(FRAMEWORKS),
+            )
     print(f"results written to {out}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,101 @@
+"""Each framework's own mesh building, as the framework calls it: what ``rankmesh bench --recipe
+<framework>`` times, stock torch against the same call under :func:`rankmesh.accelerate`.
+
+Every entry calls the installed release's own function (nothing of the framework is copied) for
+one shape at world size ``W``: the data-parallel dim W/8 wide and tp = 8 (ep = 8 where the
+framework has experts), then the slices the framework itself takes of what it built. Each
+``build`` returns the meshes it obtained, so the benchmark can count them.
+
+>>> sorted(FRAMEWORKS)
+['accelerate', 'transformers']
+>>> FRAMEWORKS["transformers"].distribution
+'transformers'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework's mesh phase.
+
+    ``imports``: the modules to import before the clock starts (imports are not timed);
+    ``binds_at_import``: the framework binds ``init_device_mesh`` when imported, so the patches
+    must be installed first (as ``RANKMESH_ACCELERATE=1`` does at interpreter start);
+    ``release``: the release the tests prove it on (``requirements-dev.txt``)."""
+
+    distribution: str
+    release: str
+    imports: tuple[str, ...]
+    build: Callable[[int], list[Any]]
+    binds_at_import: bool = False
+    shape: str = ""
+
+    def installed(self) -> bool:
+        """Whether the framework's package can be imported here (without importing it)."""
+        import importlib.util
+
+        return importlib.util.find_spec(self.imports[0].partition(".")[0]) is not None
+
+
+# The slices transformers 5.24 takes of its two meshes (distributed/fsdp.py, mixin.py, modeling_utils.py).
+TRANSFORMERS_SLICES = (
+    ("dp_replicate", "fsdp"),
+    ("fsdp",),
+    ("dp_replicate", "efsdp"),
+    ("efsdp",),
+    ("pp", "fsdp", "tp"),
+    ("pp",),
+    ("tp",),
+    ("ep",),
+)
+
+
+def transformers_meshes(world: int) -> list[Any]:
+    """transformers' ``initialize_distributed_mesh(DistributedConfig(...))`` (what
+    ``PreTrainedModel.prepare_distribute_model`` calls): two 4-D meshes ``(pp, dp_replicate,
+    fsdp, tp)`` and ``(pp, dp_replicate, efsdp, ep)``, then the slices it takes through
+    ``get_mesh``."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.utils import initialize_distributed_mesh
+
+    _, manager = initialize_distributed_mesh(DistributedConfig(tp_size=8, fsdp_size=world // 8, ep_size=8))
+    return [manager._dense_mesh, manager._expert_mesh, *(manager.get_mesh(d) for d in TRANSFORMERS_SLICES)]
+
+
+def accelerate_meshes(world: int) -> list[Any]:
+    """accelerate's ``ParallelismConfig(...).get_device_mesh(device_type)`` (what
+    ``Accelerator.__init__`` calls; ``build_device_mesh`` plus its ``_flatten``s), then the FSDP2
+    mesh and every 1-D mesh it names."""
+    from accelerate.parallelism_config import ParallelismConfig
+
+    config = ParallelismConfig(dp_shard_size=world // 8, tp_size=8)
+    root = config.get_device_mesh("cpu")
+    meshes = [root, root[tuple(config.fsdp_dim_names)]]
+    for name in (*root.mesh_dim_names, "dp", "dp_shard_cp", "dp_cp"):
+        try:
+            meshes.append(root[name])
+        except KeyError:  # a flattened name whose dims are disabled
+            pass
+    return meshes
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "transformers": Framework(
+        "transformers",
+        "5.24.0",
+        ("transformers.distributed.utils",),
+        transformers_meshes,
+        shape="fsdp W/8, tp 8, ep 8 (two 4-D meshes, size-1 pp and dp_replicate kept)",
+    ),
+    "accelerate": Framework(
+        "accelerate",
+        "1.15.0",
+        ("accelerate.parallelism_config",),
+        accelerate_meshes,
+        shape="dp_shard W/8, tp 8 (plus its three _flatten meshes)",
+    ),
+}
