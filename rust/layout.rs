@@ -197,7 +197,77 @@ pub struct World {
     rank_map: Option<Box<[i32]>>,
     inverse: Option<Box<[i32]>>,
     placement: Option<Placement>,
+    renumbering: Option<Renumbering>,
     digest: OnceLock<u64>,
+}
+
+/// A world re-formed after ranks left the job (a failure), stored in O(changes): index `i` held
+/// old rank `i` of a job of `old_global` ranks, or the old rank of the spare that took its place;
+/// the ranks still alive were then renumbered in order (what torch's `shrink_group` and an
+/// ordered re-rendezvous do): new rank = old rank - (ranks removed below it). Example: a job of
+/// 9 (8 in the mesh, spare 8) loses rank 3 and spare 8 takes index 3: index 3 is new rank 7, and
+/// indices 4..8 are new ranks 3..7.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renumbering {
+    pub old_global: u64,
+    /// Old ranks that left the job, sorted.
+    pub removed: Vec<u64>,
+    /// `(index, old rank)`: the spares, sorted by index.
+    pub replaced: Vec<(u64, u64)>,
+    /// The same pairs as `(old rank, index)`, sorted by rank.
+    by_rank: Vec<(u64, u64)>,
+}
+
+impl Renumbering {
+    #[inline]
+    fn new_rank(&self, old: u64) -> u64 {
+        old - self.removed.partition_point(|&r| r < old) as u64
+    }
+
+    #[inline]
+    fn rank_at(&self, index: u64) -> u64 {
+        let old = match self.replaced.binary_search_by_key(&index, |&(i, _)| i) {
+            Ok(k) => self.replaced[k].1,
+            Err(_) => index,
+        };
+        self.new_rank(old)
+    }
+
+    /// The index of new rank `rank`, or None when it holds no index (an unused rank).
+    fn index_of(&self, rank: u64, size: u64) -> Option<u64> {
+        // the old rank: the `rank`-th old rank not removed (removed is sorted)
+        let mut old = rank;
+        for &r in &self.removed {
+            if r <= old {
+                old += 1;
+            } else {
+                break;
+            }
+        }
+        if let Ok(k) = self.by_rank.binary_search_by_key(&old, |&(r, _)| r) {
+            return Some(self.by_rank[k].1);
+        }
+        let replaced = self
+            .replaced
+            .binary_search_by_key(&old, |&(i, _)| i)
+            .is_ok();
+        (old < size && !replaced).then_some(old)
+    }
+
+    /// `removed [..], spares {index: old rank}` as errors and reprs show it.
+    pub fn describe(&self) -> String {
+        let spares: Vec<String> = self
+            .replaced
+            .iter()
+            .map(|(i, r)| format!("{i}: {r}"))
+            .collect();
+        format!(
+            "job of {} renumbered without {:?}, spares {{{}}}",
+            self.old_global,
+            self.removed,
+            spares.join(", ")
+        )
+    }
 }
 
 /// Where a world over part of the job sits: index `i` of the world is rank
@@ -263,6 +333,7 @@ impl World {
             rank_map,
             inverse,
             placement: None,
+            renumbering: None,
             digest: OnceLock::new(),
         })
     }
@@ -347,8 +418,155 @@ impl World {
                 modes,
                 by_stride,
             }),
+            renumbering: None,
             digest: OnceLock::new(),
         })
+    }
+
+    /// The world of `size` indices re-formed after a failure (see [`Renumbering`]): before it,
+    /// index `i` was rank `i` of a job of `old_global` ranks (`size` of them in the mesh, the
+    /// rest spares); the old ranks `removed` left the job, the spare with old rank `r` takes index
+    /// `i` for each `(i, r)` in `replaced`, and the ranks still alive are renumbered in order.
+    /// Stored in O(removed + replaced). Every rank of the new job must hold an index (unused
+    /// spares leave the new world), every index a rank that is alive. No change is the plain world.
+    pub fn renumbered(
+        old_global: i128,
+        size: i128,
+        removed: &[i128],
+        replaced: &[(i128, i128)],
+    ) -> Result<World> {
+        let old_global = check_world_size(old_global)?;
+        let bad = |field: String, value: Value, detail: String| LayoutError::InvalidLayout {
+            field,
+            value,
+            detail,
+        };
+        if size <= 0 || size > old_global as i128 {
+            return Err(bad(
+                "size".into(),
+                Value::Int(size),
+                format!("the mesh holds 1 to {old_global} ranks of the old job of {old_global}"),
+            ));
+        }
+        let size = size as u64;
+        let mut gone: Vec<u64> = Vec::with_capacity(removed.len());
+        for (k, &r) in removed.iter().enumerate() {
+            if r < 0 || r >= old_global as i128 {
+                return Err(bad(
+                    format!("removed[{k}]"),
+                    Value::Int(r),
+                    format!("rank {r} is not a rank of the old job of {old_global} ranks (0..{old_global})"),
+                ));
+            }
+            gone.push(r as u64);
+        }
+        gone.sort_unstable();
+        if let Some(w) = gone.windows(2).find(|w| w[0] == w[1]) {
+            return Err(bad(
+                "removed".into(),
+                Value::Int(w[0] as i128),
+                format!("rank {} is listed twice", w[0]),
+            ));
+        }
+        let mut pairs: Vec<(u64, u64)> = Vec::with_capacity(replaced.len());
+        for (k, &(i, r)) in replaced.iter().enumerate() {
+            if i < 0 || i >= size as i128 {
+                return Err(bad(
+                    format!("replaced[{k}]"),
+                    Value::Ints(vec![i, r]),
+                    format!("index {i} is not an index of the mesh of {size} ranks"),
+                ));
+            }
+            if r < 0 || r >= old_global as i128 {
+                return Err(bad(
+                    format!("replaced[{k}]"),
+                    Value::Ints(vec![i, r]),
+                    format!("spare rank {r} is not a rank of the old job of {old_global} ranks"),
+                ));
+            }
+            if gone.binary_search(&(r as u64)).is_ok() {
+                return Err(bad(
+                    format!("replaced[{k}]"),
+                    Value::Ints(vec![i, r]),
+                    format!(
+                        "spare rank {r} is one of the removed ranks; give a spare that is alive"
+                    ),
+                ));
+            }
+            pairs.push((i as u64, r as u64));
+        }
+        pairs.sort_unstable();
+        if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(bad(
+                "replaced".into(),
+                Value::Int(w[0].0 as i128),
+                format!("index {} is given two spares", w[0].0),
+            ));
+        }
+        let mut by_rank: Vec<(u64, u64)> = pairs.iter().map(|&(i, r)| (r, i)).collect();
+        by_rank.sort_unstable();
+        if let Some(w) = by_rank.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(bad(
+                "replaced".into(),
+                Value::Int(w[0].0 as i128),
+                format!("spare rank {} takes two indices", w[0].0),
+            ));
+        }
+        let taken = |i: u64| pairs.binary_search_by_key(&i, |&(j, _)| j).is_ok();
+        // a spare from inside the mesh leaves its own index, which another spare must fill
+        if let Some(&(r, i)) = by_rank.iter().find(|&&(r, _)| r < size && !taken(r)) {
+            return Err(bad(
+                "replaced".into(),
+                Value::Ints(vec![i as i128, r as i128]),
+                format!(
+                    "rank {r} moves to index {i} but also keeps its own index {r}; give index {r} a spare too"
+                ),
+            ));
+        }
+        // every index whose rank left must have a spare
+        if let Some(&r) = gone.iter().find(|&&r| r < size && !taken(r)) {
+            return Err(bad(
+                "removed".into(),
+                Value::Int(r as i128),
+                format!(
+                    "rank {r} left the job but index {r} of the mesh has no spare; give it one \
+                     (replaced {{{r}: spare}}) or shrink the mesh"
+                ),
+            ));
+        }
+        let new_global = old_global - gone.len() as u64;
+        if new_global != size {
+            return Err(bad(
+                "removed".into(),
+                Value::Int(gone.len() as i128),
+                format!(
+                    "the new job has {new_global} ranks but the mesh {size}: every rank of the new job must \
+                     hold an index, so remove the spares left unused ({} of them) from the new job too",
+                    new_global - size
+                ),
+            ));
+        }
+        if gone.is_empty() && pairs.iter().all(|&(i, r)| i == r) {
+            return World::new(size as i128, None);
+        }
+        Ok(World {
+            size,
+            rank_map: None,
+            inverse: None,
+            placement: None,
+            renumbering: Some(Renumbering {
+                old_global,
+                removed: gone,
+                replaced: pairs,
+                by_rank,
+            }),
+            digest: OnceLock::new(),
+        })
+    }
+
+    /// How this world was re-formed after a failure, or None.
+    pub fn renumbering(&self) -> Option<&Renumbering> {
+        self.renumbering.as_ref()
     }
 
     /// Where this world sits in a larger job, or None for a world of the whole job.
@@ -376,7 +594,7 @@ impl World {
 
     /// Whether index `i` is rank `i` for every index (no rank map, no placement).
     pub fn is_identity(&self) -> bool {
-        self.rank_map.is_none() && self.placement.is_none()
+        self.rank_map.is_none() && self.placement.is_none() && self.renumbering.is_none()
     }
 
     pub fn size(&self) -> u64 {
@@ -390,10 +608,11 @@ impl World {
 
     #[inline]
     pub fn rank_at(&self, index: u64) -> i32 {
-        match (&self.rank_map, &self.placement) {
-            (Some(m), _) => m[index as usize],
-            (None, Some(p)) => p.rank_at(index) as i32,
-            (None, None) => index as i32,
+        match (&self.rank_map, &self.placement, &self.renumbering) {
+            (Some(m), _, _) => m[index as usize],
+            (None, Some(p), _) => p.rank_at(index) as i32,
+            (None, None, Some(n)) => n.rank_at(index) as i32,
+            (None, None, None) => index as i32,
         }
     }
 
@@ -411,6 +630,14 @@ impl World {
                 .ok_or_else(|| LayoutError::NotAMember {
                     rank,
                     ranks: p.describe(),
+                });
+        }
+        if let Some(n) = &self.renumbering {
+            return n
+                .index_of(rank as u64, self.size)
+                .ok_or_else(|| LayoutError::NotAMember {
+                    rank,
+                    ranks: n.describe(),
                 });
         }
         Ok(match &self.inverse {
@@ -432,6 +659,18 @@ impl World {
                 for m in &p.modes {
                     h.update(&m.size.to_le_bytes());
                     h.update(&m.stride.to_le_bytes());
+                }
+            }
+            if let Some(n) = &self.renumbering {
+                h.update(b"renumbered");
+                h.update(&n.old_global.to_le_bytes());
+                for r in &n.removed {
+                    h.update(&r.to_le_bytes());
+                }
+                h.update(b"spares");
+                for (i, r) in &n.replaced {
+                    h.update(&i.to_le_bytes());
+                    h.update(&r.to_le_bytes());
                 }
             }
             match &self.rank_map {
@@ -456,7 +695,8 @@ impl World {
         std::ptr::eq(self, other)
             || (self.size == other.size
                 && self.rank_map == other.rank_map
-                && self.placement == other.placement)
+                && self.placement == other.placement
+                && self.renumbering == other.renumbering)
     }
 }
 
@@ -561,6 +801,18 @@ impl Layout {
     pub fn placed(global: i128, offset: i128, modes: &[(i128, i128)]) -> Result<Layout> {
         Ok(Self::from_world(Arc::new(World::placed(
             global, offset, modes,
+        )?)))
+    }
+
+    /// The 1-D `"world"` mesh of a world re-formed after a failure ([`World::renumbered`]).
+    pub fn renumbered(
+        old_global: i128,
+        size: i128,
+        removed: &[i128],
+        replaced: &[(i128, i128)],
+    ) -> Result<Layout> {
+        Ok(Self::from_world(Arc::new(World::renumbered(
+            old_global, size, removed, replaced,
         )?)))
     }
 

@@ -428,6 +428,9 @@ impl PyMeshLayout {
     }
 }
 
+/// `(old_world_size, removed, [(index, spare rank), ...])` of a renumbered world.
+type RenumberingParts = (u64, Vec<u64>, Vec<(u64, u64)>);
+
 #[pymethods]
 impl PyMeshLayout {
     /// The 1-D mesh of `world_size` ranks named "world"; `rank_map[i]` is the rank at index `i`.
@@ -449,6 +452,80 @@ impl PyMeshLayout {
             }
         };
         Ok(Self::wrap(layout))
+    }
+
+    /// The 1-D mesh named "world" re-formed after a failure, stored in O(changes): before it,
+    /// index `i` was rank `i` of a job of `old_world_size` ranks (`size` of them in the mesh, the
+    /// rest spares); the old ranks `removed` left the job, the spare of old rank `r` takes index
+    /// `i` for each `i: r` in `replaced`, and the ranks still alive are renumbered in order, as
+    /// torch's `shrink_group` and an ordered re-rendezvous do (new rank = old rank - the removed
+    /// ranks below it). Every rank of the new job holds an index. Use
+    /// `rankmesh.recovery.hot_spare` to build it from what failed.
+    #[staticmethod]
+    #[pyo3(signature = (old_world_size, size, removed, replaced))]
+    fn renumbered(
+        py: Python<'_>,
+        old_world_size: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        removed: &Bound<'_, PyAny>,
+        replaced: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let old = int_arg(py, old_world_size, "old_world_size")?;
+        let size = int_arg(py, size, "size")?;
+        let mut gone = Vec::new();
+        for (k, r) in removed.try_iter()?.enumerate() {
+            gone.push(int_arg(py, &r?, &format!("removed[{k}]"))?);
+        }
+        let mut pairs = Vec::new();
+        let items = if replaced.is_instance_of::<pyo3::types::PyDict>() {
+            replaced.call_method0("items")?
+        } else {
+            replaced.clone()
+        };
+        for (k, item) in items.try_iter()?.enumerate() {
+            let item = item?;
+            let field = format!("replaced[{k}]");
+            let pair: Vec<Bound<'_, PyAny>> = item
+                .try_iter()
+                .and_then(|it| it.collect::<PyResult<Vec<_>>>())
+                .map_err(|_| {
+                    type_error(
+                        py,
+                        format!(
+                            "{field} must be an (index, spare rank) pair, got {}",
+                            describe(&item)
+                        ),
+                        &field,
+                        &item,
+                    )
+                })?;
+            if pair.len() != 2 {
+                return Err(type_error(
+                    py,
+                    format!(
+                        "{field} must be an (index, spare rank) pair, got {}",
+                        describe(&item)
+                    ),
+                    &field,
+                    &item,
+                ));
+            }
+            pairs.push((
+                int_arg(py, &pair[0], &field)?,
+                int_arg(py, &pair[1], &field)?,
+            ));
+        }
+        guarded(py, || Layout::renumbered(old, size, &gone, &pairs)).map(Self::wrap)
+    }
+
+    /// `(old_world_size, removed, {index: spare rank})` of a world re-formed after a failure
+    /// (`MeshLayout.renumbered`), or None.
+    #[getter]
+    fn renumbering(&self) -> Option<RenumberingParts> {
+        self.inner
+            .world_arc()
+            .renumbering()
+            .map(|n| (n.old_global, n.removed.clone(), n.replaced.clone()))
     }
 
     /// The 1-D mesh named "world" over part of a job of `world_size` ranks: index `i` is rank
@@ -731,10 +808,11 @@ impl PyMeshLayout {
             })
             .collect();
         let world = self.inner.world_arc();
-        let map = match (world.rank_map(), world.placement()) {
-            (Some(_), _) => ", rank_map=<permutation>".to_string(),
-            (None, Some(p)) => format!(", global_size={}, ranks={}", p.global, p.describe()),
-            (None, None) => String::new(),
+        let map = match (world.rank_map(), world.placement(), world.renumbering()) {
+            (Some(_), _, _) => ", rank_map=<permutation>".to_string(),
+            (None, Some(p), _) => format!(", global_size={}, ranks={}", p.global, p.describe()),
+            (None, None, Some(n)) => format!(", rank_map=<{}>", n.describe()),
+            (None, None, None) => String::new(),
         };
         format!(
             "MeshLayout([{}], world_size={}{map})",
@@ -760,6 +838,23 @@ impl PyMeshLayout {
             .map(|a| a.into_any())
             .unwrap_or_else(|| py.None().into_bound(py));
         let (names, root) = (this.inner.names(), this.inner.root_names());
+        if let Some(n) = this.inner.world_arc().renumbering() {
+            // re-formed after a failure: the O(changes) renumbering travels, not the W-long map
+            let parts = (
+                this.inner.world_size(),
+                py.None(),
+                axes,
+                names.to_vec(),
+                root.to_vec(),
+                (
+                    n.old_global,
+                    n.removed.clone(),
+                    n.replaced.clone(),
+                    "renumbered",
+                ),
+            );
+            return Ok((restore, parts.into_pyobject(py)?));
+        }
         if let Some(p) = this.inner.world_arc().placement() {
             // over part of the job: the placement travels instead of the W-long rank map
             let modes: Vec<(u64, u64)> = p.modes.iter().map(|m| (m.size, m.stride)).collect();
@@ -817,6 +912,26 @@ fn _restore(py: Python<'_>, state: &Bound<'_, PyTuple>) -> PyResult<PyMeshLayout
     };
     let world = if state.len() == 6 {
         let placement = state.get_item(5)?;
+        if let Ok(parts) = placement.cast::<PyTuple>() {
+            if parts.len() == 4 {
+                // (old_world_size, removed, replaced, "renumbered")
+                let w = PyMeshLayout::renumbered(
+                    py,
+                    &parts.get_item(0)?,
+                    &state.get_item(0)?,
+                    &parts.get_item(1)?,
+                    &parts.get_item(2)?,
+                )?;
+                let axes = axes_arg(py, &state.get_item(2)?)?;
+                let names = names_arg(py, &state.get_item(3)?, "names")?;
+                let root = names_arg(py, &state.get_item(4)?, "root_names")?;
+                let w: Arc<World> = w.inner.world_arc().clone();
+                return guarded(py, || {
+                    Layout::from_raw_parts(w, &axes, &names)?.with_root_names(&root)
+                })
+                .map(PyMeshLayout::wrap);
+            }
+        }
         let parts = placement.cast::<PyTuple>().map_err(|_| {
             type_error(
                 py,

@@ -44,6 +44,7 @@ from rankmesh.errors import (
     ParallelDimsSizeMismatchError,
     RankmeshError,
     RankOutOfRangeError,
+    ReformError,
     SizeMismatchError,
     SliceOrderError,
     TopologyError,
@@ -128,4 +129,5 @@ __all__ = [
     "UnsupportedVersionError",
     "GroupExistsError",
     "GroupNotCreatedError",
+    "ReformError",
 ]

@@ -11,7 +11,7 @@ where a sequence of names is, raises :class:`rankmesh.errors.ArgumentTypeError` 
 and an int beyond 128 bits :class:`rankmesh.errors.LayoutOverflowError`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, SupportsIndex, final
 
 import numpy as np
@@ -86,6 +86,30 @@ class MeshLayout:
     @property
     def placement(self) -> tuple[int, list[tuple[int, int]]] | None:
         """``(offset, modes)`` of a world over part of the job (:meth:`placed`), else None."""
+
+    @staticmethod
+    def renumbered(
+        old_world_size: _Int,
+        size: _Int,
+        removed: Sequence[_Int],
+        replaced: Mapping[_Int, _Int] | Sequence[tuple[_Int, _Int]],
+    ) -> MeshLayout:
+        """The 1-D mesh named ``"world"`` re-formed after a failure, stored in O(changes): before it,
+        index ``i`` was rank ``i`` of a job of ``old_world_size`` ranks (``size`` in the mesh, the rest
+        spares); the old ranks ``removed`` left the job, the spare of old rank ``r`` takes index ``i``
+        for each ``i: r`` in ``replaced``, and the ranks still alive are renumbered in order (as
+        torch's ``shrink_group`` does). Every rank of the new job holds an index. Build it with
+        :func:`rankmesh.recovery.hot_spare`; malformed parts raise ``InvalidLayoutError`` naming them.
+
+        >>> w = MeshLayout.renumbered(9, 8, [3], {3: 8})   # rank 3 failed, spare 8 takes its index
+        >>> w.rank_map().tolist(), w.coordinate_of(7)
+        ([0, 1, 2, 7, 3, 4, 5, 6], (3,))
+        """
+
+    @property
+    def renumbering(self) -> tuple[int, list[int], list[tuple[int, int]]] | None:
+        """``(old_world_size, removed, [(index, spare rank), ...])`` of a world re-formed after a
+        failure (:meth:`renumbered`), else None."""
 
     def is_member(self, rank: _Int) -> bool:
         """Whether ``rank`` of the job is one of this layout's ranks (always, unless placed)."""

@@ -72,6 +72,7 @@ __all__ = [  # the error classes (the table of kinds, ERROR_KINDS, is read as ra
     "UnsupportedVersionError",
     "GroupExistsError",
     "GroupNotCreatedError",
+    "ReformError",
 ]
 
 
@@ -101,6 +102,10 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "not_for_convention": ("convention",),
     # rankmesh plan --mesh: two meshes of one job share ranks
     "meshes_overlap": (),
+    # rankmesh.recovery: a failed rank whose mesh position no spare can take
+    "no_spare_left": ("failed", "spares"),
+    # rankmesh.recovery.shrink: every replica lost a rank, or the replica dim is 1
+    "no_replica_left": ("dim", "size", "failed_replicas"),
 }
 
 
@@ -397,3 +402,10 @@ class GroupNotCreatedError(RankmeshError, KeyError):
     ``create_pg``). Also a ``KeyError``, which megatron-core's ``HyperCommGrid`` raises."""
 
     __str__ = RankmeshError.__str__
+
+
+class ReformError(RankmeshError):
+    """A change to the job that :mod:`rankmesh.recovery` cannot re-form the meshes over: a failed
+    rank outside the job, a spare map that is no permutation of the right size, more failures
+    than spares, a shrink that leaves no replica or breaks a divisibility rule. Raised before
+    any group is created; ``field`` names the argument, and the message the fix."""

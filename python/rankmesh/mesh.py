@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import logging
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -1102,6 +1103,17 @@ def init_device_mesh(
                 backend_override=overrides,
             )
         world_layout = MeshLayout.placed(world_size, *placement)
+    elif isinstance(rank_map, MeshLayout):  # a world layout, e.g. rankmesh.recovery's re-formed one
+        if rank_map.ndim != 1 or rank_map.world_size != world_size or rank_map.global_size != world_size:
+            raise MeshArgumentError(
+                f"rank_map {rank_map!r} must be a 1-D world layout over the {world_size} ranks of the default "
+                "group (MeshLayout.world or MeshLayout.renumbered)",
+                field="rank_map",
+                value=rank_map,
+            )
+        world_layout = rank_map.world_layout()
+    elif rank_map is None and (world_layout := _reformed_world(world_size)) is not None:
+        pass  # rankmesh.recovery: a re-form is active for this default group
     else:
         world_layout = MeshLayout.world(world_size, rank_map)
 
@@ -1317,6 +1329,13 @@ def _torch_init(
         mesh_dim_names=names,
         backend_override=overrides,
     )
+
+
+def _reformed_world(world_size: int) -> MeshLayout | None:
+    """The world of the re-form :mod:`rankmesh.recovery` made active for this default group, or
+    None (nothing to read unless that module was imported)."""
+    recovery = sys.modules.get("rankmesh.recovery")
+    return None if recovery is None else recovery.active_world(world_size)
 
 
 def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:

@@ -386,3 +386,124 @@ fn random_sizes_factorise() {
         vec![1, 2, 3]
     );
 }
+
+/// The dense rank map a renumbering stands for: index `i` holds old rank `i` (or its spare's),
+/// renumbered without the removed ranks; computed the slow, obvious way.
+fn dense_renumbering(old: u64, size: u64, removed: &[u64], spares: &[(u64, u64)]) -> Vec<i64> {
+    let alive: Vec<u64> = (0..old).filter(|r| !removed.contains(r)).collect();
+    (0..size)
+        .map(|i| {
+            let q = spares.iter().find(|&&(j, _)| j == i).map_or(i, |&(_, r)| r);
+            alive.iter().position(|&r| r == q).unwrap() as i64
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// A world re-formed after failures (`Layout::renumbered`, O(changes)) gives every group,
+    /// coordinate and membership the dense rank map it stands for gives, after any ops.
+    #[test]
+    fn renumbered_worlds_answer_as_their_dense_rank_map(
+        size in 2u64..=256,
+        spare_count in 0u64..4,
+        seed in any::<u64>(),
+        ops in proptest::collection::vec((any::<u8>(), any::<u64>()), 0..4),
+    ) {
+        let mut rng = Rng(seed);
+        let failed_n = (1 + rng.below(3)).min(spare_count);
+        let old = size + spare_count;
+        // failed ranks inside the mesh, each replaced by a spare (old ranks size..old)
+        let mut failed: Vec<u64> = Vec::new();
+        while (failed.len() as u64) < failed_n {
+            let f = rng.below(size);
+            if !failed.contains(&f) {
+                failed.push(f);
+            }
+        }
+        let mut spares: Vec<(u64, u64)> = failed.iter().enumerate().map(|(k, &f)| (f, size + k as u64)).collect();
+        // unused spares leave the new job too
+        let mut removed = failed.clone();
+        removed.extend(size + failed_n..old);
+        // sometimes two survivors swap places as well
+        if size > 3 && rng.below(2) == 1 {
+            let (a, b) = (rng.below(size), rng.below(size));
+            if a != b && !failed.contains(&a) && !failed.contains(&b) {
+                spares.push((a, b));
+                spares.push((b, a));
+            }
+        }
+        let to_i = |v: &[u64]| v.iter().map(|&x| x as i128).collect::<Vec<_>>();
+        let pairs: Vec<(i128, i128)> = spares.iter().map(|&(i, r)| (i as i128, r as i128)).collect();
+        let sparse = Layout::renumbered(old as i128, size as i128, &to_i(&removed), &pairs).unwrap();
+        let map = dense_renumbering(old, size, &removed, &spares);
+        let dense = Layout::world(size as i128, Some(&map)).unwrap();
+        prop_assert_eq!(sparse.world_size(), size);
+        let a = build(&sparse, &ops);
+        let b = build(&dense, &ops);
+        for (x, y) in a.iter().zip(&b) {
+            prop_assert_eq!(x.shape(), y.shape());
+            prop_assert_eq!(x.groups(), y.groups());
+            for r in 0..size as i128 {
+                prop_assert_eq!(x.coordinate_of(r).ok(), y.coordinate_of(r).ok());
+                for d in 0..x.ndim() {
+                    prop_assert_eq!(x.group(r, d).ok(), y.group(r, d).ok());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn renumbered_worlds_refuse_what_cannot_be_reformed() {
+    let field = |e: LayoutError| e.field().to_string();
+    // a failed rank with no spare: the mesh would have a hole
+    assert_eq!(
+        field(Layout::renumbered(9, 8, &[3], &[]).unwrap_err()),
+        "removed"
+    );
+    // a failed rank outside the old job
+    assert_eq!(
+        field(Layout::renumbered(9, 8, &[9], &[(3, 8)]).unwrap_err()),
+        "removed[0]"
+    );
+    // a spare that is itself removed, or an index outside the mesh
+    assert_eq!(
+        field(Layout::renumbered(9, 8, &[3, 8], &[(3, 8)]).unwrap_err()),
+        "replaced[0]"
+    );
+    assert_eq!(
+        field(Layout::renumbered(9, 8, &[3], &[(8, 8)]).unwrap_err()),
+        "replaced[0]"
+    );
+    // two spares for one index; one spare for two indices
+    assert_eq!(
+        field(Layout::renumbered(10, 8, &[3], &[(3, 8), (3, 9)]).unwrap_err()),
+        "replaced"
+    );
+    assert_eq!(
+        field(Layout::renumbered(10, 8, &[3, 4], &[(3, 8), (4, 8)]).unwrap_err()),
+        "replaced"
+    );
+    // a survivor moved without anyone taking its own index
+    assert_eq!(
+        field(Layout::renumbered(9, 8, &[3], &[(3, 5)]).unwrap_err()),
+        "replaced"
+    );
+    // an unused spare still in the new job
+    assert_eq!(
+        field(Layout::renumbered(10, 8, &[3], &[(3, 8)]).unwrap_err()),
+        "removed"
+    );
+    // the example: job of 9, rank 3 fails, spare 8 takes index 3
+    let l = Layout::renumbered(9, 8, &[3], &[(3, 8)]).unwrap();
+    let ranks: Vec<i32> = (0..8).map(|i| l.world_arc().rank_at(i)).collect();
+    assert_eq!(ranks, vec![0, 1, 2, 7, 3, 4, 5, 6]);
+    assert_eq!(l.coordinate_of(7).unwrap(), vec![3]);
+    // nothing changed: the plain world
+    assert_eq!(
+        Layout::renumbered(8, 8, &[], &[]).unwrap(),
+        Layout::world(8, None).unwrap()
+    );
+}

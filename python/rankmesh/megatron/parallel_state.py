@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -254,6 +255,7 @@ def _check(ps: Any, a: dict[str, Any]) -> _Checked:
         a["virtual_pipeline_model_parallel_size"],
         a["get_embedding_ranks"],
         a["get_position_embedding_ranks"],
+        world=_reformed_world(world_size),  # rankmesh.recovery's re-formed world, when one is active
     )
     _check_hybrid_cp(a["hybrid_context_parallel"], m.dp, m.cp)
     _check_ucc(a["pipeline_model_parallel_comm_backend"], os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
@@ -339,6 +341,13 @@ def _check_pp_backend(pipeline_model_parallel_comm_backend: str | None) -> None:
             field="pipeline_model_parallel_comm_backend",
             value=pipeline_model_parallel_comm_backend,
         )
+
+
+def _reformed_world(world_size: int) -> Any:
+    """The world of the re-form :mod:`rankmesh.recovery` made active for this default group, or
+    None (nothing to read unless that module was imported)."""
+    recovery = sys.modules.get("rankmesh.recovery")
+    return None if recovery is None else recovery.active_world(world_size)
 
 
 def _distributed(ps: Any) -> tuple[int, int]:
