@@ -31,6 +31,13 @@ fake backend, one fresh process per measurement standing in for one rank:
   and the slices it takes; torch = stock, rankmesh = the same call with :func:`rankmesh.accelerate`
   installed before the framework is imported (as ``RANKMESH_ACCELERATE=1`` does; its one-time
   checks count towards the first build). ``new_group`` path only.
+- ``reform_parallel_dims``, ``reform_megatron``, ``reform_fsdp``: re-forming every mesh after a
+  failure (issue 36): a spare takes the place of rank W/3 of a job of W + 1 and the survivors
+  are renumbered in order; rankmesh = :func:`rankmesh.recovery.hot_spare` + ``activate()`` + the
+  tree (``rankmesh.ParallelDims``, ``rankmesh.megatron.initialize_model_parallel``, a plain FSDP2
+  ``init_device_mesh`` tree with a ``_flatten``); torch = the same tree rebuilt by torch's own
+  code (the FSDP2 tree over the same rank map with ``DeviceMesh(mesh=...)``). The warm figure is
+  an in-process restart's (the process built its meshes before). ``new_group`` path only.
 
 Each runs on two process-group paths: ``new_group`` (no bound device: lazy NCCL, gloo) and
 ``split_group`` (the default group bound to a device, simulated on the fake backend: torch's own
@@ -76,7 +83,11 @@ from rankmesh.bench.frameworks import FRAMEWORKS
 CONFIG = dict(dp_replicate=2, dp_shard=-1, cp=2, tp=8, pp=4, ep=8, etp=1)
 DEFAULT_WORLDS = "10,12,14,16,17,18,20"
 IMPLS = ("rankmesh", "torch")
-RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron", "torch_api", *FRAMEWORKS)
+#: Re-forming every mesh after a failure (rankmesh.recovery): a hot spare takes a failed rank's place
+#: and the survivors are renumbered in order; rankmesh re-forms the tree over that world, stock
+#: torch rebuilds it with its own code.
+REFORM_RECIPES = ("reform_parallel_dims", "reform_megatron", "reform_fsdp")
+RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron", "torch_api", *FRAMEWORKS, *REFORM_RECIPES)
 #: megatron-core's initialize_model_parallel with the same degrees (gloo twins off on both sides:
 #: a gloo group cannot be made on the fake backend's store).
 MEGATRON = dict(
@@ -95,6 +106,7 @@ NOT_MEASURABLE = {
     # The frameworks' own calls run on the new_group path only: the split path is the same patch
     # (torch_api measures it), and some frameworks read the device from the accelerator they find.
     **{(i, fw, "split_group"): "frameworks are measured on the new_group path" for fw in FRAMEWORKS for i in IMPLS},
+    **{(i, r, "split_group"): "re-forms are measured on the new_group path" for r in REFORM_RECIPES for i in IMPLS},
 }
 
 
@@ -225,8 +237,43 @@ def torch_api_recipe(world: int) -> list[Any]:
     return [dense, sparse, dp, dense["tp"], dense["fsdp"], sparse["ep"], sparse["efsdp"]]
 
 
+def _reform(impl: str, recipe: str, world: int) -> int:
+    """A re-form after rank ``world // 3`` of a job of ``world + 1`` (one spare) failed: rankmesh
+    plans it (:func:`rankmesh.recovery.hot_spare`), activates it and builds the tree over the
+    renumbered world; stock torch rebuilds the same tree with its own code (for the plain FSDP2
+    tree over the same rank map, ``DeviceMesh(mesh=...)``; torchtitan's and Megatron's stock code
+    takes no rank map, so over the world in order). Returns the meshes or groups built."""
+    tree = recipe.removeprefix("reform_")
+    if impl == "rankmesh":
+        from rankmesh.recovery import deactivate, hot_spare
+
+        hot_spare(world + 1, failed=[world // 3], mesh_size=world).activate()
+        try:
+            if tree == "fsdp":
+                from rankmesh.mesh import init_device_mesh
+
+                mesh = init_device_mesh("cpu", (2, world // 16, 8), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+                return len([mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp"), mesh["tp"], mesh["dp_shard"]])
+            return _build("rankmesh", "megatron" if tree == "megatron" else "parallel_dims", world)
+        finally:
+            deactivate()
+    if tree == "fsdp":
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        ranks = list(range(world))  # the renumbered world's map: index f is the spare, now rank W - 1
+        f = world // 3
+        ranks = ranks[:f] + [world - 1] + [r - 1 for r in ranks[f + 1 :]]
+        grid = torch.tensor(ranks).reshape(2, world // 16, 8)
+        mesh = DeviceMesh("cpu", grid, mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        return len([mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp"), mesh["tp"], mesh["dp_shard"]])
+    return _build("torch", "megatron" if tree == "megatron" else "parallel_dims", world)
+
+
 def _build(impl: str, recipe: str, world: int) -> int:
     """Builds the recipe; returns the number of meshes fetched."""
+    if recipe in REFORM_RECIPES:
+        return _reform(impl, recipe, world)
     if recipe in FRAMEWORKS:  # the framework's own call; rankmesh's patches installed by measure()
         return len(FRAMEWORKS[recipe].build(world))
     if recipe == "torch_api":
@@ -280,7 +327,9 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
 
         import rankmesh.torchtitan.spmd_axis  # noqa: F401  (accelerate() imports it: not part of the call)
-    if recipe == "megatron":
+    if recipe in REFORM_RECIPES:
+        import rankmesh.recovery  # noqa: F401
+    if recipe in ("megatron", "reform_megatron"):
         import warnings
 
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on CPU
@@ -307,7 +356,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         t0 = time.perf_counter()
         _build(impl, recipe, world)
         cold = time.perf_counter() - t0 + startup
-    if recipe == "megatron":
+    if recipe in ("megatron", "reform_megatron"):
         import megatron.core.parallel_state as mps
 
         mps.destroy_model_parallel()
@@ -603,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--recipe {fw} needs {dist} installed (pip install {dist}=={FRAMEWORKS[fw].release})")
             recipes.remove(fw)
             print(f"{dist} is not installed: skipping the {fw} recipe", file=sys.stderr)
+    if "reform_megatron" in recipes and not available("megatron-core"):
+        recipes.remove("reform_megatron")
     if "megatron" in recipes and not available("megatron-core"):
         if args.recipe:
             p.error("--recipe megatron needs megatron-core 0.16 installed (pip install 'megatron-core>=0.16,<0.17')")
@@ -665,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {tv}, {meta['cpus']} CPUs, fake backend, config {CONFIG}\n\n" + table + "\n"
     )
     if set(IMPLS) <= set(impls):
-        own = tuple(r for r in RECIPES if r not in FRAMEWORKS)
+        own = tuple(r for r in RECIPES if r not in FRAMEWORKS and r not in REFORM_RECIPES)
         title = f"torch {tv}: tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto, {machine()}"
         if any(r["recipe"] in own for r in rows):
             plot(rows, out / f"{stem}.png", title, own)
@@ -675,6 +726,13 @@ def main(argv: list[str] | None = None) -> int:
                 out / f"frameworks_torch{tv}.png",
                 f"torch {tv}: each framework's own mesh building, dp W/8, tp 8, {machine()}",
                 tuple(FRAMEWORKS),
+            )
+        if any(r["recipe"] in REFORM_RECIPES for r in rows):
+            plot(
+                rows,
+                out / f"reform_torch{tv}.png",
+                f"torch {tv}: re-forming every mesh after a failure (hot spare), {machine()}",
+                REFORM_RECIPES,
             )
     print(f"results written to {out}", file=sys.stderr)
     return 0
