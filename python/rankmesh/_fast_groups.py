@@ -61,6 +61,7 @@ import datetime
 import inspect
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -73,6 +74,7 @@ from rankmesh import _verdicts
 from rankmesh._native import hashed_group_name
 from rankmesh._once import warn_once
 from rankmesh._patch import body_unknown, disabled
+from rankmesh.errors import DistributedStateError
 
 __all__ = [
     "FAST_GROUPS",
@@ -242,7 +244,8 @@ def _names_reason() -> str | None:
 #: a monkeypatch) makes another key, so a verdict is never reused for other code.
 _PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
 _PROBED_OURS = ("_create", "_split", "_draw_name", "_salt", "_names_reason", "_probe_reason", "_split_probe_reason",
-                "_entries", "_registry", "_writes", "_writes_differing", "hashed_group_name")  # fmt: skip
+                "_entries", "_registry", "_writes", "_writes_differing", "hashed_group_name", "_as_list",
+                "_rank_table")  # fmt: skip
 
 
 def _code_of(obj: Any) -> tuple[str, Any]:
@@ -542,8 +545,35 @@ def _create(
         device_id=default.bound_device_id,
         group_desc=group_desc,
     )
-    c10d._world.pg_group_ranks[pg] = dict(zip(ranks_list, range(len(ranks_list))))
+    c10d._world.pg_group_ranks[pg] = _rank_table(ranks, ranks_list)
     return pg
+
+
+# The list and torch's rank table of the last member arrays seen, by identity (the array is kept, so
+# its id stays its own): a builder hands the same array for every dim with the same members.
+_MEMBER_TABLES: dict[int, tuple[np.ndarray, list[int], dict[int, int]]] = {}
+
+
+def _as_list(ranks: np.ndarray) -> list[int]:
+    hit = _MEMBER_TABLES.get(id(ranks))
+    if hit is not None and hit[0] is ranks:
+        return list(hit[1])  # a copy: torch keeps what it is given
+    ranks_list = ranks.tolist()
+    if len(ranks_list) >= 64:  # only member lists worth keeping
+        if len(_MEMBER_TABLES) >= 32:
+            _MEMBER_TABLES.clear()
+        _MEMBER_TABLES[id(ranks)] = (ranks, ranks_list, {})
+    return ranks_list
+
+
+def _rank_table(ranks: np.ndarray, ranks_list: list[int]) -> dict[int, int]:
+    """torch's ``pg_group_ranks`` entry (global rank -> group rank), made once per member array."""
+    hit = _MEMBER_TABLES.get(id(ranks))
+    if hit is not None and hit[0] is ranks:
+        if not hit[2]:
+            hit[2].update(zip(ranks_list, range(len(ranks_list))))
+        return dict(hit[2])  # a copy per group: torch deletes each group's entry on its own
+    return dict(zip(ranks_list, range(len(ranks_list))))
 
 
 def new_member_group(
@@ -557,18 +587,62 @@ def new_member_group(
     """``dist.new_group(ranks, backend=..., pg_options=..., timeout=..., group_desc=...,
     use_local_synchronization=True)`` for the caller's group: ``ranks`` sorted, unique, in range
     and holding the caller (an int32 array). Same group, same registry entries, same counters as
-    torch's call; torch's call itself whenever :func:`uses_fast_path` says no."""
-    ranks_list = ranks.tolist()
+    torch's call; torch's call itself whenever :func:`uses_fast_path` says no. On torch 2.13, a
+    name this rank gave a group it has since destroyed raises :class:`DistributedStateError`
+    before the group is made (:func:`_refuse_stale_name`)."""
+    ranks = np.ascontiguousarray(ranks, dtype=np.int32)
+    ranks_list = _as_list(ranks)
+    drawn = _refuse_stale_name(ranks, backend)
     if not uses_fast_path(backend):
         extra: dict[str, Any] = {}
         if timeout is not None:
             extra["timeout"] = timeout
         if pg_options is not None:
             extra["pg_options"] = pg_options
-        return dist.new_group(
-            ranks_list, backend=backend, use_local_synchronization=True, group_desc=group_desc, **extra
+        pg = dist.new_group(ranks_list, backend=backend, use_local_synchronization=True, group_desc=group_desc, **extra)
+    else:
+        pg = _create(ranks, ranks_list, backend, pg_options, timeout, group_desc)
+    if drawn is not None:
+        drawn.add(pg.group_name)
+    return pg
+
+
+# The names this rank gave member-only groups on a backend that meets in the store, in the current
+# world (torch 2.13 only): [weak reference to the default group, the names].
+_drawn: list[Any] = [None, set()]
+
+
+def _refuse_stale_name(ranks: np.ndarray, backend: str | None) -> set[str] | None:
+    """torch 2.13 salts a member-only group's hashed name with ``len(_world.pg_names)``, which
+    ``destroy_process_group(group)`` lowers, so a new group of the same ranks can get the name of
+    one this rank destroyed: its members then meet the destroyed group's rendezvous keys, still in
+    the store under that name, and hang or fail inside gloo (e.g. ``initialize_model_parallel``
+    again after ``destroy_model_parallel()``, whose gloo twins come back under their old names).
+    Raises :class:`DistributedStateError` for such a name, before the group is made; returns the
+    current world's set of names drawn (for the caller to add the new group's name to), or None
+    where names cannot repeat (torch 2.14 and 2.15 salt with a counter that never goes down) or
+    the backend keeps nothing in the store (``fake``)."""
+    if SCHEME != "pg_names":
+        return None
+    default = c10d._get_default_group()
+    if c10d.Backend(backend or c10d._world.pg_map[default][0]) == "fake":
+        return None
+    if _drawn[0] is None or _drawn[0]() is not default:  # a new world: nothing drawn in it yet
+        _drawn[:] = [weakref.ref(default), set()]
+    names: set[str] = _drawn[1]
+    name = hashed_group_name(ranks, _salt())
+    if name in names and name not in c10d._world.pg_names.values():
+        raise DistributedStateError(
+            f"torch {torch.__version__} would name this rank's new group of {len(ranks)} ranks "
+            f"(first {ranks[:8].tolist()}) {name!r}, the name of a group of the same ranks this rank "
+            "created and then destroyed in this world (torch 2.13 salts the name with the number of groups "
+            "registered, which destroy_process_group(group) lowered); its members would meet the destroyed "
+            "group's rendezvous in the store and hang. Call destroy_process_group() and init_process_group() "
+            "before creating these groups again, or use torch >= 2.14",
+            field="group_name",
+            value=name,
         )
-    return _create(np.ascontiguousarray(ranks, dtype=np.int32), ranks_list, backend, pg_options, timeout, group_desc)
+    return names
 
 
 # -- the split_group path ----------------------------------------------------------------------

@@ -241,6 +241,8 @@ class MeshBuilder:
         self._gloo_with_cuda = self._backend == "gloo" and torch.cuda.is_available()
         self._keepalive: list[Any] = []
         self._groups: dict[tuple[Any, ...], dist.ProcessGroup | None] = {}  # by rankmesh._groups.group_key
+        # this rank's sorted members per (partition, placement): see process_group
+        self._sorted_members: dict[tuple[Any, ...], np.ndarray] = {}
         self._layer_state: dict[str, Any] = {}  # state the layers above keep per builder: layer_state()
         self._known: set[MeshLayout] = set()
         self._counters = _Counters()
@@ -332,7 +334,16 @@ class MeshBuilder:
             # A mesh over part of the job that leaves this rank out: no group here, but the same
             # steps as the members (torch's group names and the split need them), see _create.
             return self._create(key, None, str(name), backend, pg_options, timeout, group_desc or f"mesh_{name}")
-        ranks = np.sort(layout.group(self._rank, dim))
+        # Dims with the same partition (a flatten of one dim under several names, e.g. accelerate's
+        # dp, dp_shard_cp and dp_cp) have the same members here: read and sort them once, and hand
+        # the same array on, so its list and torch's rank table are made once too (_fast_groups).
+        members_key = (key[0], layout.placement)
+        ranks = self._sorted_members.get(members_key)
+        if ranks is None:
+            ranks = layout.group(self._rank, dim)
+            if len(ranks) > 1 and not bool((ranks[1:] > ranks[:-1]).all()):
+                ranks = np.sort(ranks)
+            self._sorted_members[members_key] = ranks
         if group_desc is None:
             group_desc = "mesh_default" if size == self._world_size and backend is None else f"mesh_{name}"
         pg = self._create(key, ranks, str(name), backend, pg_options, timeout, group_desc)
