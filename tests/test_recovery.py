@@ -44,7 +44,7 @@ def test_hot_spare_worlds_are_the_dense_rank_map(seed):
     failed = rng.sample(range(size), rng.randint(1, nspares))
     if rng.random() < 0.3 and len(failed) < nspares:  # a spare dies too
         failed.append(rng.randrange(size, old))
-    plan = hot_spare(old, failed=failed, mesh_size=size)
+    plan = hot_spare(old, failed=failed, mesh_size=size, renumber="shift")
     pool = [r for r in range(size, old) if r not in failed]
     spares = dict(zip(sorted(r for r in failed if r < size), pool))
     # hot_spare gives the failed mesh ranks the spares in the order failed lists them
@@ -137,7 +137,7 @@ OLD, SIZE, FAILED = 18, 16, [3, 10]  # 16 in the mesh, spares 16 and 17; ranks 3
 
 
 def _plan():
-    return hot_spare(OLD, failed=FAILED, mesh_size=SIZE)
+    return hot_spare(OLD, failed=FAILED, mesh_size=SIZE, renumber="shift")
 
 
 def _index_of(plan, new_rank: int) -> int:
@@ -196,12 +196,44 @@ def test_parallel_dims_over_a_hot_spare(new_rank):
     assert groups == {n: sorted(v) for n, v in want.items()}
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_filled_hot_spare_keeps_every_number_but_the_spares(seed):
+    rng = random.Random(seed)
+    size, nspares = rng.choice([8, 16, 64]), rng.randint(1, 3)
+    old = size + nspares
+    failed = rng.sample(range(size), rng.randint(1, nspares))
+    plan = hot_spare(old, failed=failed, mesh_size=size)
+    assert plan.world.in_rank_order and plan.world_size == size
+    spares = dict(zip(range(size, old), failed))
+    for r in range(old):
+        want = spares.get(r, None if r in failed or r >= size else r)
+        assert plan.new_rank(r) == want
+    assert sorted(r for r in (plan.new_rank(x) for x in range(old)) if r is not None) == list(range(size))
+
+
+def test_megatron_refuses_a_shifted_world_before_any_group():
+    ps = pytest.importorskip("megatron.core.parallel_state")
+    import rankmesh.megatron as rm
+
+    with fake_world(SIZE, 0):
+        _plan().activate()
+        try:
+            before = len(dist.distributed_c10d._world.pg_map)
+            with pytest.raises(ReformError) as e:
+                rm.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+            assert e.value.field == "renumber" and "fill" in str(e.value)
+            assert len(dist.distributed_c10d._world.pg_map) == before
+            assert not ps.model_parallel_is_initialized()
+        finally:
+            deactivate()
+
+
 @pytest.mark.parametrize("new_rank", [0, 6, 15])
 def test_megatron_over_a_hot_spare(new_rank):
     ps = pytest.importorskip("megatron.core.parallel_state")
     import rankmesh.megatron as rm
 
-    plan = _plan()
+    plan = hot_spare(OLD, failed=FAILED, mesh_size=SIZE)  # renumber="fill": the plain world
     index = _index_of(plan, new_rank)
     ranks = world_ranks(plan.world)
     getters = ("get_tensor_model_parallel_group", "get_pipeline_model_parallel_group", "get_data_parallel_group")

@@ -10,7 +10,7 @@ the store) and re-form (``plan.new_rank``, ``plan.check``, ``plan.activate``, ev
 
 - ``hot_spare``: 9 processes, two "nodes" of 4 mesh ranks (dp_replicate 2, dp_shard 2, tp 2) and
   the spare, old rank 8. Old rank 3 is killed; ``hot_spare(9, failed=[3], mesh_size=8)``: the
-  spare becomes new rank 7 at mesh index 3, old ranks 4-7 become 3-6. Re-formed: the plain
+  spare takes mesh index 3 and number 3, every other rank keeps its own. Re-formed: the plain
   ``init_device_mesh`` tree with two ``_flatten``\\ s, ``rankmesh.ParallelDims`` and, with
   megatron-core installed, Megatron's (tp 2, pp 2).
 - ``shrink``: 8 processes, the same tree; old rank 5 is killed;
@@ -30,10 +30,9 @@ SIGKILL, every other with status 0), and none of their sessions may hold a proce
 On 2 busy cores a case takes ~30-60 s for its two launches; after the kill the survivors notice
 within ~0.5 s, agree within ~6 s (the 5 s heartbeat staleness) and are re-formed ~2-5 s later.
 
-Two strict xfails record what the real run shows beyond membership: after a hot spare, a rank's
-local rank in a group is not always its mesh coordinate (the re-formed world is not monotone;
-Megatron's pipeline stages then disagree with its tp groups), and ``destroy_process_group()``
-does not free the groups rankmesh made over a whole world (``process_groups._LAYOUTS``).
+Beyond membership, each rank's place in each group is its mesh coordinate (what DTensor, FSDP2
+and Megatron's stages go by), and ``destroy_process_group()`` frees every group rankmesh made
+(a live gloo group keeps its sockets: peers would wait out the gloo timeout).
 """
 
 from __future__ import annotations
@@ -265,16 +264,6 @@ def test_destroy_process_group_frees_every_group_rankmesh_made(run, request):
     """After ``destroy_process_group()`` and a ``gc.collect()``, no gen 0 group is alive (before the
     worker's workaround; a live gloo group keeps its sockets and threads)."""
     case, fault, _ = run
-    if case.name == "shrink":  # the hot spare's gen 0 meshes lie over part of the world: not recorded there
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="rankmesh.process_groups._LAYOUTS keeps a strong reference to every group rankmesh "
-                "creates over a whole world in rank order, so destroy_process_group() leaves them (and "
-                "gloo's sockets and threads) alive; the worker clears it by hand, else peers wait out "
-                "the gloo timeout",
-            )
-        )
     held = {r: d["held"] for r, d in passed(fault, survivors(case), "teardown").items()}
     assert not any(held.values()), held
 
@@ -302,8 +291,8 @@ def test_survivors_rejoin_as_the_plan_says(run):
     assert new == {r: case.plan.new_rank(r) for r in staying(case)}
     assert sorted(new.values()) == list(range(case.plan.world_size))
     if case.name == "hot_spare":
-        assert got[8]["new_rank"] == 7 and got[8]["index"] == 3  # the spare took old rank 3's place
-        assert got[4]["new_rank"] == 3 and got[4]["index"] == 4
+        assert got[8]["new_rank"] == 3 and got[8]["index"] == 3  # the spare took old rank 3's place and number
+        assert got[4]["new_rank"] == 4 and got[4]["index"] == 4
     else:
         assert got[0]["sizes"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
 
@@ -347,17 +336,6 @@ def test_each_ranks_local_rank_is_its_mesh_coordinate(run, what, request):
     re-formed world is not monotone (new rank 7 sits at index 3), and groups rank their members
     in sorted order, as torch's ``new_group`` does: see the xfail below."""
     case, fault, _ = run
-    if case.name == "hot_spare":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="hot_spare renumbers survivors in order and puts the spare (new rank 7) at mesh "
-                "index 3: groups holding index 3 and a higher index (dp_replicate {7, 6}, the flattened dp, "
-                "Megatron's pp {7, 6}) rank the spare after its peer, so its local rank is not its "
-                "coordinate; Megatron then makes new rank 6 (mesh stage 1) its pipeline's first stage and "
-                "the spare stage 1 while its tp peer, new rank 2, is stage 0",
-            )
-        )
     if what == "megatron":
         if case.name != "hot_spare" or not megatron_installed():
             pytest.skip("Megatron's tree is re-formed in the hot-spare case, with megatron-core installed")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,8 +81,9 @@ _NOT_YET = object()  # MeshBuilder._existing: no group for this key yet
 
 # group name -> (the group, offset, modes): the sorted ranks of groups rankmesh created over a world
 # in rank order are ``offset + (size, stride) modes`` (outermost first), known without reading them.
-# The group itself is kept so that a name torch reuses after destroy_process_group is never taken
-# for another group's.
+# A weak reference to the group itself is kept so that a name torch reuses after
+# destroy_process_group is never taken for another group's, and a destroyed group is freed (a
+# live gloo group keeps its sockets and threads; an NCCL one its communicator).
 _LAYOUTS: dict[str, tuple[Any, int, tuple[tuple[int, int], ...]]] = {}
 
 
@@ -90,7 +92,7 @@ def group_layout(pg: Any) -> tuple[int, tuple[tuple[int, int], ...]] | None:
     (its ranks are ``offset + sum(digit_k * stride_k)``, modes outermost first), in O(1); None for
     any other group (read its ranks: ``dist.get_process_group_ranks``)."""
     entry = _LAYOUTS.get(getattr(pg, "group_name", None) or "")
-    if entry is None or entry[0] is not pg:
+    if entry is None or entry[0]() is not pg:
         return None
     return entry[1], entry[2]
 
@@ -337,7 +339,8 @@ class MeshBuilder:
         # Dims with the same partition (a flatten of one dim under several names, e.g. accelerate's
         # dp, dp_shard_cp and dp_cp) have the same members here: read and sort them once, and hand
         # the same array on, so its list and torch's rank table are made once too (_fast_groups).
-        members_key = (key[0], layout.placement)
+        placement = layout.placement  # (offset, [(size, stride), ...]) or None: made hashable
+        members_key = (key[0], None if placement is None else (placement[0], tuple(map(tuple, placement[1]))))
         ranks = self._sorted_members.get(members_key)
         if ranks is None:
             ranks = layout.group(self._rank, dim)
@@ -350,7 +353,7 @@ class MeshBuilder:
         assert pg is not None
         if self._in_rank_order and layout.placement is None and size > 1:
             modes = tuple((int(a), int(b)) for a, b in layout.partition_key(dim))
-            _LAYOUTS[pg.group_name] = (pg, int(ranks[0]), modes)
+            _LAYOUTS[pg.group_name] = (weakref.ref(pg), int(ranks[0]), modes)
         return pg
 
     def subset_group(

@@ -12,15 +12,28 @@ torchtitan and ``rankmesh.megatron.initialize_model_parallel`` all lay their mes
 re-formed world while it is active (until the default group changes).
 
 A hot spare: 8 ranks in the mesh and one spare (old rank 8); rank 3 fails and the spare takes
-its place. The survivors are renumbered in order, so the spare becomes rank 7 and sits at mesh
-index 3::
+its place and its number (``renumber="fill"``, the default): every other rank keeps its number,
+the world stays the plain one, and every tree is the first start's::
 
     >>> from rankmesh.recovery import hot_spare, shrink
     >>> plan = hot_spare(9, failed=[3], mesh_size=8)
-    >>> plan.world_size, plan.new_rank(8), plan.new_rank(5), plan.new_rank(3)
-    (8, 7, 4, None)
+    >>> plan.world_size, plan.new_rank(8), plan.new_rank(5), plan.new_rank(3), plan.world.in_rank_order
+    (8, 3, 5, None, True)
+
+Where the launcher renumbers the survivors in order instead (torch's ``shrink_group``),
+``renumber="shift"``: the spare becomes rank 7 at mesh index 3, and the world stores the
+renumbering (O(changes))::
+
+    >>> plan = hot_spare(9, failed=[3], mesh_size=8, renumber="shift")
+    >>> plan.new_rank(8), plan.new_rank(5)
+    (7, 4)
     >>> [int(r) for r in plan.world.unflatten("world", (2, 4), ("dp", "tp")).group(7, "tp")]
     [0, 1, 2, 7]
+
+Such a world is not monotone: a group holding the spare and a later index ranks its members in
+sorted order, as torch's ``new_group`` does for a ``DeviceMesh`` over the same rank map, so its
+local ranks are not the mesh coordinates there (torch's meshes answer the same). Megatron's
+pipeline stages go by local rank: ``rankmesh.megatron`` refuses a shifted world. Prefer ``fill``.
 
 Shrinking ``dp_replicate`` after rank 5 of a ``(dp_replicate 2, dp_shard 2, tp 2)`` job fails:
 replica 1 (ranks 4-7) leaves, the other keeps every inner dim::
@@ -78,7 +91,7 @@ class Reform:
                 field="old_rank",
                 value=old_rank,
             )
-        if self._dropped is not None:  # a shrink: ranks of dropped replicas, arithmetically
+        if self._dropped is not None:  # a shrink or a filled hot spare: by rule, O(changes)
             return self._dropped(old)
         k = bisect.bisect_left(self.removed, old)
         if k < len(self.removed) and self.removed[k] == old:
@@ -181,6 +194,7 @@ def hot_spare(
     failed: Sequence[int],
     mesh_size: int | None = None,
     spares: Sequence[int] | None = None,
+    renumber: str = "fill",
 ) -> Reform:
     """The job after spares take the failed ranks' places; the sizes of every mesh stay.
 
@@ -188,15 +202,17 @@ def hot_spare(
     ``old_world_size`` ranks (the rest, ``mesh_size ..``, are spares; ``mesh_size`` defaults to
     ``old_world_size - len(failed)``, every spare used). Each failed rank's index goes to one spare,
     in order (``spares``, default the lowest spare ranks). Spares left unused leave the new job
-    too (its ranks are exactly the meshes' ranks). Survivors are renumbered in order, and the
-    new world stores only what changed.
+    too (its ranks are exactly the meshes' ranks). ``renumber``: ``"fill"`` (default) gives each
+    spare the number of the rank it replaces and every other rank keeps its own (the plain world:
+    every group as at the first start); ``"shift"`` renumbers the survivors in order, as torch's
+    ``shrink_group`` does, and the new world stores only what changed.
 
     Refused (:class:`~rankmesh.errors.ReformError`): a failed rank or spare outside the old job,
     listed twice, a failed spare, a spare inside the mesh, more failed mesh ranks than spares.
 
         >>> plan = hot_spare(10, failed=[2, 9], mesh_size=8)   # spare 9 failed too; spare 8 is used
         >>> plan.world_size, plan.removed, plan.new_rank(8)
-        (8, (2, 9), 7)
+        (8, (2, 9), 2)
     """
     old = as_int(old_world_size, "old_world_size")
     if old < 1:
@@ -233,8 +249,26 @@ def hot_spare(
             kind="no_spare_left",
             ctx={"failed": tuple(in_mesh), "spares": tuple(pool)},
         )
+    if renumber not in ("fill", "shift"):
+        raise ReformError(f'renumber must be "fill" or "shift", got {renumber!r}', field="renumber", value=renumber)
     used = dict(zip(in_mesh, pool))
     removed = sorted(set(gone) | {r for r in range(size, old) if r not in used.values()})
+    if renumber == "fill":
+        moved = {spare: index for index, spare in used.items()}  # each spare takes its index's number
+        left = frozenset(removed)
+
+        def new_rank(r: int) -> int | None:
+            if r in moved:
+                return moved[r]
+            return None if r in left or r >= size else r
+
+        return Reform(
+            old_world_size=old,
+            world_size=size,
+            world=MeshLayout.world(size),
+            removed=tuple(removed),
+            _dropped=new_rank,
+        )
     try:
         world = MeshLayout.renumbered(old, size, removed, used)
     except RankmeshError as e:  # a backstop: what is checked above should leave nothing here

@@ -14,7 +14,7 @@ rank never takes the store with it.
 2. **detect and tear down** (:func:`teardown`): a collective raises (gloo reports the dead
    peer's reset socket at once; the 20 s group timeout is the backstop). No collective is left
    pending, so ``destroy_process_group()`` returns at once; once gen 0's group objects die (a
-   ``gc.collect()``, and rankmesh's ``_LAYOUTS`` table dropped, see there) gloo closes this
+   ``gc.collect()``: meshes sit in reference cycles) gloo closes this
    rank's sockets, which makes the collectives of the ranks still waiting on it raise too, so
    the failure spreads in about a second instead of one gloo timeout per hop.
 3. **agree** (:func:`agree`): each survivor posts ``gen0/alive/<r>`` as soon as its collective
@@ -355,16 +355,7 @@ def teardown(groups: list) -> dict:
     destroy_s = time.monotonic() - t
     gc.collect()  # meshes and their groups sit in reference cycles
     held = sum(g() is not None for g in groups)
-    # Workaround: rankmesh.process_groups._LAYOUTS keeps a strong reference to every group rankmesh
-    # creates over a whole world in rank order, past destroy_process_group; without this, gen 0's
-    # groups stay open and their peers wait out the gloo timeout (tests/test_recovery_mp.py's
-    # strict xfail test_destroy_process_group_frees_every_group_rankmesh_made tracks it).
-    from rankmesh import process_groups
-
-    getattr(process_groups, "_LAYOUTS", {}).clear()
-    gc.collect()
-    left_open = sum(g() is not None for g in groups)
-    return {"destroy_s": destroy_s, "held": held, "left_open": left_open}
+    return {"destroy_s": destroy_s, "held": held, "left_open": held}
 
 
 def gen0(rec: Recorder, store, rank: int, world: int) -> tuple[dict, list]:

@@ -347,7 +347,18 @@ def _reformed_world(world_size: int) -> Any:
     """The world of the re-form :mod:`rankmesh.recovery` made active for this default group, or
     None (nothing to read unless that module was imported)."""
     recovery = sys.modules.get("rankmesh.recovery")
-    return None if recovery is None else recovery.active_world(world_size)
+    world = None if recovery is None else recovery.active_world(world_size)
+    if world is not None and not world.in_rank_order:
+        from rankmesh.errors import ReformError
+
+        raise ReformError(
+            "Megatron goes by each rank's place in its sorted group (its pipeline stage, tp rank), which a "
+            "re-formed world that renumbered the survivors around a spare does not keep; re-form with "
+            'rankmesh.recovery.hot_spare(..., renumber="fill") (the spare takes the failed rank\'s number)',
+            field="renumber",
+            value="shift",
+        )
+    return world
 
 
 def _distributed(ps: Any) -> tuple[int, int]:
