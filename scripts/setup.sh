@@ -22,6 +22,9 @@ stamp=$VENV/.deps-$( (cat requirements-dev.txt; echo "torch==$TORCH") | sha256su
 if [ ! -f "$stamp" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==$TORCH" -r requirements-dev.txt
+  # Test oracles whose own pins conflict with the ones above: requirements-dev.txt's
+  # "# no-deps: <requirement>" lines, installed without their dependencies.
+  sed -n 's/^# no-deps: //p' requirements-dev.txt | xargs -r -d '\n' python -m pip install -q --no-deps
   touch "$stamp"
 fi
 if [ "${RANKMESH_EDITABLE:-0}" = "1" ]; then
