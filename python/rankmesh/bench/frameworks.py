@@ -83,6 +83,23 @@ def accelerate_meshes(world: int) -> list[Any]:
     return meshes
 
 
+def nemo_automodel_meshes(world: int) -> list[Any]:
+    """NeMo Automodel's ``create_distributed_setup_from_config(cfg, world_size=W)`` (what its
+    recipes' ``_create_distributed_setup`` calls) for ``distributed: {strategy: fsdp2, tp_size: 8}``
+    and ``dist_env.timeout_minutes``: one 5-D mesh ``(pp, dp_replicate, dp_shard, cp, tp)`` with its
+    size-1 dims kept and its ``dp``, ``dp_shard_cp`` and ``dp_cp`` flattens, then the FSDP mesh
+    its parallelizer takes (``get_fsdp_dp_mesh``) and the ``tp`` slice. NeMo binds
+    ``init_device_mesh`` when imported (``binds_at_import``)."""
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.components.distributed.mesh_utils import get_flat_mesh, get_fsdp_dp_mesh
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+
+    cfg = ConfigNode({"distributed": {"strategy": "fsdp2", "tp_size": 8}, "dist_env": {"timeout_minutes": 10}})
+    root = create_distributed_setup_from_config(cfg, world_size=world).mesh_context.device_mesh
+    flat = [get_flat_mesh(root, name) for name in ("dp", "dp_shard_cp", "dp_cp")]
+    return [root, *flat, get_fsdp_dp_mesh(root), root["tp"]]
+
+
 FRAMEWORKS: dict[str, Framework] = {
     "transformers": Framework(
         "transformers",
@@ -97,5 +114,17 @@ FRAMEWORKS: dict[str, Framework] = {
         ("accelerate.parallelism_config",),
         accelerate_meshes,
         shape="dp_shard W/8, tp 8 (plus its three _flatten meshes)",
+    ),
+    "nemo_automodel": Framework(
+        "nemo_automodel",
+        "0.7.0",
+        (
+            "nemo_automodel.recipes._dist_utils",
+            "nemo_automodel.components.config.loader",
+            "nemo_automodel.components.distributed.mesh_utils",
+        ),
+        nemo_automodel_meshes,
+        binds_at_import=True,
+        shape="dp_shard W/8, tp 8 (a 5-D mesh, size-1 pp, dp_replicate and cp kept; three _flatten meshes)",
     ),
 }
