@@ -100,6 +100,40 @@ def nemo_automodel_meshes(world: int) -> list[Any]:
     return [root, *flat, get_fsdp_dp_mesh(root), root["tp"]]
 
 
+def deepspeed_meshes(world: int) -> list[Any]:
+    """DeepSpeed's two meshes, each through the function ``deepspeed.initialize`` reaches it by:
+    ``groups._init_tp_mesh_device(8)`` (AutoTP training, ``"autotp_size": 8``: a
+    ``(data_parallel, tensor_parallel)`` mesh, W/8 x 8, of which DeepSpeed keeps the two groups)
+    and ``deepspeed.comm.initialize_mesh_device`` as ``mesh_param=(W/8, 8)`` calls it (a
+    ``(data_parallel, sequence_parallel)`` mesh), after ``deepspeed.comm.init_distributed`` (which
+    wraps the world already made). DeepSpeed's group references of an earlier world are dropped
+    first, as its ``destroy_process_group`` does. Its CPU shared-memory all-reduce op (a JIT C++
+    build ``init_distributed`` starts on Linux CPUs) is switched off as DeepSpeed does off Linux,
+    without probing the other ops (none is loaded here; a GPU accelerator has no such op)."""
+    import deepspeed.comm as ds_comm
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.utils import groups
+
+    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
+    groups._release_process_group_references()
+    ds_comm.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+    built: list[Any] = []
+    asked = ds_comm.initialize_mesh_device  # groups.py calls it as deepspeed.comm.<name>
+
+    def catching(mesh_shape: Any, mesh_dim_names: Any) -> Any:
+        built.append(asked(mesh_shape, mesh_dim_names))
+        return built[-1]
+
+    ds_comm.initialize_mesh_device = catching
+    try:
+        groups._init_tp_mesh_device(tensor_model_parallel_size=8)
+    finally:
+        ds_comm.initialize_mesh_device = asked
+    built.append(ds_comm.initialize_mesh_device((world // 8, 8), ("data_parallel", "sequence_parallel")))
+    return built
+
+
 FRAMEWORKS: dict[str, Framework] = {
     "transformers": Framework(
         "transformers",
@@ -126,5 +160,12 @@ FRAMEWORKS: dict[str, Framework] = {
         nemo_automodel_meshes,
         binds_at_import=True,
         shape="dp_shard W/8, tp 8 (a 5-D mesh, size-1 pp, dp_replicate and cp kept; three _flatten meshes)",
+    ),
+    "deepspeed": Framework(
+        "deepspeed",
+        "0.19.8",
+        ("deepspeed.comm", "deepspeed.utils.groups", "deepspeed.accelerator"),
+        deepspeed_meshes,
+        shape="data_parallel W/8 x tensor_parallel 8 (AutoTP), data_parallel W/8 x sequence_parallel 8 (mesh_param)",
     ),
 }
