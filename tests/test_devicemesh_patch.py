@@ -397,3 +397,28 @@ def test_the_general_patches_and_torchtitans_install_together_in_either_order():
         handle.restore()
         devicemesh.restore()
         assert not rt.PATCH.installed and not devicemesh.INIT_DEVICE_MESH.installed
+
+
+def test_bad_arguments_raise_under_the_patch_and_never_hang():
+    """torch's own argument errors (duplicate names, a device index, names and dims that differ)
+    through the patched name: rankmesh asks torch's own function for its text, which must be the
+    unwrapped one (the replacement would come back into rankmesh and wait on its own lock). In a
+    child with a deadline, so a regression fails instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    code = """
+import torch.distributed as dist, torch.distributed.device_mesh as dm, rankmesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", rank=1, world_size=4, store=FakeStore())
+assert sorted(rankmesh.accelerate()) == ["init_device_mesh", "init_process_groups"]
+for args, kw in [(("cpu", (2, 2)), dict(mesh_dim_names=("a", "a"))), (("cuda:0", (4,)), {}),
+                 (("cpu", (4,)), dict(mesh_dim_names=("a", "b")))]:
+    try:
+        dm.init_device_mesh(*args, **kw)
+    except Exception as e:
+        print(type(e).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["DuplicateNameError", "MeshArgumentError", "SizeMismatchError"]

@@ -252,13 +252,18 @@ def torch_init_rejects(device_type: str, mesh_shape: tuple[int, ...], mesh_dim_n
     at the first step that would build something (no layout, no rank map, no process group).
     Called only where rankmesh's own check has already failed, so that rankmesh's error starts
     with torch's text for the torch running."""
+    import inspect
+
     import torch.distributed.device_mesh as dm
 
+    # torch's own function even where rankmesh.accelerate() put rankmesh's in its place (the
+    # replacement keeps torch's as __wrapped__): calling the replacement would come back here.
+    torch_init = inspect.unwrap(dm.init_device_mesh)
     with _init_lock:
         saved = {k: dm.__dict__[k] for k in ("_MeshLayout", "DeviceMesh")}
         dm.__dict__.update(_MeshLayout=_Stop(), DeviceMesh=_Stop())
         try:
-            dm.init_device_mesh(device_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
+            torch_init(device_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
         except _WouldBuild:
             return None
         except Exception as e:  # torch's own check
