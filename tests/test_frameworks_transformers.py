@@ -26,23 +26,16 @@ if not hasattr(tutils, "initialize_distributed_mesh"):
 
 import rankmesh  # noqa: E402
 import rankmesh.devicemesh as rdm  # noqa: E402
+from rankmesh.bench.frameworks import TRANSFORMERS_SLICES  # noqa: E402
 
 from tests.conftest import fake_world  # noqa: E402
 from tests.frameworks import child_code, mesh_record, needs_autostart, run_child  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The slices transformers takes of its meshes (distributed/fsdp.py, mixin.py, modeling_utils.py).
-SLICES = (
-    ("dp_replicate", "fsdp"),
-    ("fsdp",),
-    ("dp_replicate", "efsdp"),
-    ("efsdp",),
-    ("pp", "fsdp", "tp"),
-    ("pp",),
-    ("tp",),
-    ("ep",),
-)
+# The slices transformers takes of its meshes (distributed/fsdp.py, mixin.py, modeling_utils.py):
+# one list, which the benchmark's transformers recipe takes too.
+SLICES = TRANSFORMERS_SLICES
 
 
 def _sizes(kind: str, world: int) -> dict[str, int]:
