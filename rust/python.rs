@@ -1016,5 +1016,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_WORLD_SIZE", crate::error::MAX_WORLD_SIZE)?;
     // the one version: Cargo.toml's, which maturin also gives the Python package
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // rust-numpy loads numpy's C API on the first array it makes (an import and a version parse
+    // of numpy, ~0.3 ms): make one here, with the module, so a process's first mesh build does
+    // not pay it (its array-returning methods run on every build).
+    PyArray1::<i32>::from_vec(m.py(), Vec::new());
     Ok(())
 }

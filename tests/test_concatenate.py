@@ -160,3 +160,32 @@ def test_hash_of_a_fast_mesh_equals_torchs_without_building_the_rank_map():
         theirs = torch.distributed.device_mesh.init_device_mesh("cpu", (256, 256), mesh_dim_names=("a", "b"))
         assert h == hash(theirs["b"])
     assert dist.is_initialized() is False
+
+
+def _concat_one(device_mesh_list):
+    m = device_mesh_list
+    return m._layout, m._flatten_rank_map, m._dim_group_names, m._get_root_mesh, m._rank_map
+
+
+def _concat_two(device_mesh_list, other):
+    return _concat_one(device_mesh_list), other
+
+
+def _concat_star(*device_mesh_list):
+    return device_mesh_list
+
+
+def _concat_kw(device_mesh_list, *, flat=False):
+    return _concat_one(device_mesh_list), flat
+
+
+def test_the_self_check_reads_concatenates_parameters_off_its_code():
+    assert _torch_compat.concatenate_unknown(staticmethod(_concat_one)) is None
+    assert "not a staticmethod" in _torch_compat.concatenate_unknown(_concat_one)
+    for fn, params in (
+        (_concat_two, "['device_mesh_list', 'other']"),
+        (_concat_star, "['*device_mesh_list']"),
+        (_concat_kw, "['device_mesh_list', 'flat']"),
+    ):
+        reason = _torch_compat.concatenate_unknown(staticmethod(fn))
+        assert reason == f"DeviceMesh._concatenate takes {params}, not ['device_mesh_list']", reason

@@ -34,7 +34,8 @@ Private torch state is read in two modules only, each with a start-up check
 (``tests/test_structure.py`` fails on a private torch name anywhere else in the package):
 
 - here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
-  ``_READ_FIELDS``; a test checks that every one :mod:`rankmesh.mesh` uses is listed), torch's
+  ``_READ_FIELDS``, ``_CONCATENATE_READS``; a test checks that every one :mod:`rankmesh.mesh` uses,
+  the fields torch's ``__init__`` sets included, is listed), torch's
   layout algebra (``_MeshLayout``, ``_FlatLayout``, compared with rankmesh's by the self-check),
   ``_normalize_backend_override`` and c10d's ``Backend.Options``, and the argument checks of
   ``DeviceMesh._unflatten`` / ``_create_unflatten_mesh`` / ``_create_flatten_mesh``, which
@@ -49,6 +50,7 @@ Private torch state is read in two modules only, each with a start-up check
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -160,7 +162,13 @@ _REQUIRED_FIELDS = (
 )
 # Fields set in ``__init__`` without a class annotation: (field, the DeviceMesh method whose body
 # must still read it). ``_preserve_rank_order`` is version-dependent (HAS_PRESERVE_RANK_ORDER).
-_READ_FIELDS = (("_dim_group_names", "get_group"), ("_flatten_mapping", "get_group"))
+# ``_coordinate_on_dim``: rankmesh.mesh sets it, and torch's ``get_coordinate`` returns it (2.13-2.15),
+# so a torch that renamed it would answer wrong coordinates.
+_READ_FIELDS = (
+    ("_dim_group_names", "get_group"),
+    ("_flatten_mapping", "get_group"),
+    ("_coordinate_on_dim", "get_coordinate"),
+)
 
 _state: dict[str, object] = {}
 
@@ -287,25 +295,34 @@ def unknown_backend_text(name: str) -> str:
 
 # torch's own ``DeviceMesh._concatenate`` (a staticmethod; 2.13-2.15 take one argument, the list).
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
+# What torch's ``_concatenate`` reads from each mesh and passes on (checked in its code's names).
+_CONCATENATE_READS = frozenset({"_layout", "_flatten_rank_map", "_dim_group_names", "_get_root_mesh", "_rank_map"})
 
 
 def concatenate_unknown(fn: object = None) -> str | None:
     """Why ``DeviceMesh._concatenate`` (or ``fn``, the attribute as found) is not the function rankmesh
     was written against, or None. The patch itself lives in :mod:`rankmesh.patches` ("concatenate")."""
-    import inspect
-
     fn = _TORCH_CONCATENATE if fn is None else fn
     if not isinstance(fn, staticmethod):
         return "DeviceMesh._concatenate is not a staticmethod"
-    try:
-        params = list(inspect.signature(fn.__func__).parameters)
-    except (TypeError, ValueError):  # pragma: no cover - a builtin or an odd callable
+    code = getattr(fn.__func__, "__code__", None)
+    if code is None:  # pragma: no cover - a builtin or an odd callable
         return "DeviceMesh._concatenate has no Python signature"
+    # Its parameters, read off the code object (what inspect.signature reads, at a fraction of the
+    # cost on the first call): positional, *args, keyword-only, **kwargs, in the code's own order.
+    names = iter(code.co_varnames)
+    params = [next(names) for _ in range(code.co_argcount)]
+    kwonly = [next(names) for _ in range(code.co_kwonlyargcount)]
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append("*" + next(names))
+    params += kwonly
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append("**" + next(names))
     if params != ["device_mesh_list"]:
         return f"DeviceMesh._concatenate takes {params}, not ['device_mesh_list']"
     # What torch's body reads from each mesh and passes on: if one is gone, so is our reading.
     names = set(fn.__func__.__code__.co_names)
-    missing = {"_layout", "_flatten_rank_map", "_dim_group_names", "_get_root_mesh", "_rank_map"} - names
+    missing = _CONCATENATE_READS - names
     if missing:
         return f"DeviceMesh._concatenate no longer reads {sorted(missing)}"
     return None
