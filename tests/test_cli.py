@@ -33,7 +33,7 @@ def run(capsys, *argv):
 
 def test_plan_torchtitan_default(capsys):
     code, out, err = run(capsys, "plan", "--world-size", "131072", "--tp", "8", "--pp", "4", "--cp", "2",
-                         "--ep", "8", "--dp-replicate", "2", "--gpus-per-node", "8")  # fmt: skip
+                         "--ep", "8", "--dp-replicate", "2", "--gpus-per-node", "8")
     assert code == 0 and err == ""
     assert "torchtitan convention, world of 131072 ranks, rank 0" in out
     assert "pp=4  dp_replicate=2  dp_shard=1024  cp=2  tp=8  ep=8  etp=1" in out
@@ -64,7 +64,7 @@ def test_plan_megatron(capsys):
     from rankmesh.megatron import model_parallel_layout
 
     code, out, _ = run(capsys, "plan", "--world-size", "4096", "--tp", "8", "--pp", "4", "--cp", "2",
-                       "--ep", "8", "--convention", "megatron", "--rank", "1234")  # fmt: skip
+                       "--ep", "8", "--convention", "megatron", "--rank", "1234")
     assert code == 0
     assert "tp=8  pp=4  cp=2  dp=64  ep=8  etp=8  edp=16" in out
     assert "decoder  [pp=4, dp=64, ep=1*, cp=2, tp=8]" in out
@@ -81,13 +81,13 @@ def test_plan_megatron(capsys):
 
 def test_plan_megatron_order_and_etp(capsys):
     code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "2", "--pp", "2", "--ep", "4", "--etp", "1",
-                       "--convention", "megatron", "--order", "tp-cp-ep-dp-pp", "--rank", "5")  # fmt: skip
+                       "--convention", "megatron", "--order", "tp-cp-ep-dp-pp", "--rank", "5")
     assert code == 0 and "etp=1" in out and "order = tp-cp-ep-dp-pp" in out
 
 
 def test_plan_single(capsys):
     code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--convention", "single",
-                       "--rank", "13")  # fmt: skip
+                       "--rank", "13")
     assert code == 0
     assert "mesh  [pp=2, dp_shard=8, tp=4]" in out
     assert "mesh.tp        [12, 13, 14, 15] (4 ranks)" in out
@@ -191,7 +191,7 @@ def _is_png(path) -> bool:
 def test_picture_small_world(capsys, tmp_path):
     out_png = tmp_path / "small.png"
     code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--cp", "2",
-                       "--picture", str(out_png), "--dim", "dense.fsdp", "--rank", "13")  # fmt: skip
+                       "--picture", str(out_png), "--dim", "dense.fsdp", "--rank", "13")
     assert code == 0 and _is_png(out_png)
     assert "every rank coloured by its dense.fsdp group" in out
 
@@ -199,7 +199,7 @@ def test_picture_small_world(capsys, tmp_path):
 def test_picture_large_world(capsys, tmp_path):
     out_png = tmp_path / "large.png"
     code, out, _ = run(capsys, "plan", "--world-size", "131072", "--tp", "8", "--pp", "4", "--cp", "2",
-                       "--ep", "8", "--dp-replicate", "2", "--rank", "12345", "--picture", str(out_png))  # fmt: skip
+                       "--ep", "8", "--dp-replicate", "2", "--rank", "12345", "--picture", str(out_png))
     assert code == 0 and _is_png(out_png)
     assert "rank 12345's node and its groups in the dataloading mesh" in out
 
@@ -207,7 +207,7 @@ def test_picture_large_world(capsys, tmp_path):
 def test_picture_megatron_dim_lookup(capsys, tmp_path):
     out_png = tmp_path / "m.png"
     code, out, _ = run(capsys, "plan", "--world-size", "128", "--tp", "2", "--pp", "2", "--cp", "2", "--ep", "4",
-                       "--etp", "1", "--convention", "megatron", "--picture", str(out_png), "--dim", "ep")  # fmt: skip
+                       "--etp", "1", "--convention", "megatron", "--picture", str(out_png), "--dim", "ep")
     assert code == 0 and "expert.ep group" in out  # ep > 1 lives in the expert mesh
 
 
@@ -321,7 +321,7 @@ FLAG_ERRORS = [
     (W64 + ["--mesh", "a=0:8", "--rank", "99"], "error: --rank 99 is out of range", "rank = "),
     (W64 + ["--mesh", "a=0:8", "--mesh", "b=4:16"], "error: --mesh 'b=4:16': it shares rank 4 with --mesh 'a=0:8'",
      "with mesh"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("argv, says, api_name", FLAG_ERRORS, ids=[" ".join(a) for a, _, _ in FLAG_ERRORS])
@@ -363,7 +363,7 @@ def test_flag_rendering_leaves_the_api_message_alone(capsys):
          "tensor_model_parallel_size must be >= 1", "--tp must be >= 1"),
         (lambda: as_rank(99, 64), ["--rank", "99"], "rank = 99 is out", "--rank 99 is out"),
         (lambda: positive_int(0, "world_size"), [], "world_size must be >= 1", "--world-size must be >= 1"),
-    ]  # fmt: skip
+    ]
     for call, argv, api, cli in cases:
         e = _api_error(call)
         before = str(e)
@@ -418,7 +418,7 @@ API_REFUSES = [
     ("empty --strict", ["--strict", ""], None, lambda: _topology(8, strict=True, strict_dims=("",))),
     ("unknown --strict", ["--strict", "ep,pp"], None, lambda: _topology(8, strict=True, strict_dims=("ep", "pp"))),
     ("--strict violated", ["--tp", "16", "--strict"], None, lambda: _topology(8, tp=16, strict=True)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("argv, env, call", [c[1:] for c in API_REFUSES], ids=[c[0] for c in API_REFUSES])
@@ -446,7 +446,7 @@ def test_flags_the_api_refuses_give_the_apis_error(capsys, monkeypatch, tmp_path
         dict(ep=3), dict(tp=2, ep=4, etp=2, dp_shard=4),
     ],
     ids=repr,
-)  # fmt: skip
+)
 def test_torchtitan_degrees_are_refused_like_parallel_dims(kw):
     """``rankmesh plan`` refuses torchtitan degrees with ParallelDims' own error: type, message, field."""
     parallel_dims = pytest.importorskip("rankmesh.torchtitan.parallel_dims")
@@ -575,14 +575,14 @@ def test_python_dash_m_rankmesh():
     proc = subprocess.run(
         [sys.executable, "-m", "rankmesh", "plan", "--world-size", "1024", "--tp", "8", "--pp", "2", "--rank", "77"],
         capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     assert "rank 77's groups" in proc.stdout and "dense.tp" in proc.stdout
     assert "[72, 73, ..., 79] (8 ranks)" in proc.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "rankmesh", "plan", "--world-size", "0"],
         capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+    )
     assert bad.returncode == 2 and "fix:" in bad.stderr
 
 

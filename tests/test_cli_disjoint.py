@@ -79,7 +79,7 @@ def test_kd_job_seen_from_a_student(capsys):
 def test_kd_job_at_131072_ranks_is_fast(capsys):
     t0 = time.perf_counter()
     code, out, _ = run(capsys, "plan", "--world-size", "131072", "--mesh", "students=0:65536:dp=-1,tp=8",
-                       "--mesh", "teachers=65536:131072:pp=4,dp=-1,tp=8", "--rank", "70000")  # fmt: skip
+                       "--mesh", "teachers=65536:131072:pp=4,dp=-1,tp=8", "--rank", "70000")
     elapsed = time.perf_counter() - t0
     assert code == 0
     assert "  students  ranks 0..65535       [dp=8192, tp=8]        rank 70000 is not a member: 2 placeholders" in out
@@ -92,7 +92,7 @@ def test_kd_job_at_131072_ranks_is_fast(capsys):
     assert elapsed < 20, elapsed  # ~0.1 s; generous for a loaded 2-core machine
 
     code, out, _ = run(capsys, "plan", "--world-size", "131072", "--mesh", "students=0:65536:dp=-1,tp=8",
-                       "--mesh", "teachers=65536:131072:pp=4,dp=-1,tp=8", "--rank", "5")  # fmt: skip
+                       "--mesh", "teachers=65536:131072:pp=4,dp=-1,tp=8", "--rank", "5")
     assert code == 0 and "rank 5 is in students, at dp=0, tp=5\n" in out
     assert "  students.dp  [5, 13, ..., 65533] (8192 ranks)\n" in out
     assert "  teachers     - (not a member: its ranks are 65536..131071)\n" in out
@@ -100,7 +100,7 @@ def test_kd_job_at_131072_ranks_is_fast(capsys):
 
 def test_a_rank_in_no_mesh_and_strided_meshes(capsys):
     code, out, _ = run(capsys, "plan", "--world-size", "32", "--mesh", "actor=0:16:2:dp=2,tp=4",
-                       "--mesh", "critic=1:16:2", "--mesh", "reward=24:32:tp=-1", "--rank", "20")  # fmt: skip
+                       "--mesh", "critic=1:16:2", "--mesh", "reward=24:32:tp=-1", "--rank", "20")
     assert code == 0
     assert "  actor   ranks 0..14 step 2  [dp=2, tp=4]" in out
     assert "  critic  ranks 1..15 step 2  [world=8]" in out  # no dims: the 1-D mesh "world"
@@ -110,7 +110,7 @@ def test_a_rank_in_no_mesh_and_strided_meshes(capsys):
     assert "process groups on rank 20: 4 (0 real + 4 fake)" in out  # placeholders only
     assert "topology: 4 node(s) of 8 GPUs; rank 20 is on node 2\n" in out
     code, out, _ = run(capsys, "plan", "--world-size", "32", "--mesh", "actor=0:16:2:dp=2,tp=4",
-                       "--mesh", "critic=1:16:2", "--rank", "5")  # fmt: skip
+                       "--mesh", "critic=1:16:2", "--rank", "5")
     assert code == 0 and "rank 5 is in critic, at world=2\n" in out
     assert "  critic.world  [1, 3, ..., 15] (8 ranks)\n" in out
 
@@ -133,7 +133,7 @@ def test_a_size_one_dim_is_fake_and_a_whole_world_dim_is_the_default_group(capsy
         (48, ["a=0:24:2:pp=2,dp=-1,tp=3", "b=1:24:2:dp=4,tp=3", "c=30:46:cp=2,dp=2,tp=4"],
          {"a": (range(0, 24, 2), (2, 2, 3)), "b": (range(1, 24, 2), (4, 3)), "c": (range(30, 46), (2, 2, 4))}),
     ],
-)  # fmt: skip
+)
 def test_groups_are_those_of_the_reshaped_ranks(world, specs, oracle):
     """torch's ``DeviceMesh(mesh=torch.tensor(ranks).reshape(shape))`` is this array: a rank's
     group in dim d is the line through it along d."""
@@ -233,7 +233,7 @@ BAD = [
     (["--mesh", "a=0:8", "--dim", "tp"], "--dim only chooses", None),
     (["--mesh", "a=0:8", "--gpus-per-node", "6"], "whole number of 6-GPU nodes", None),
     (["--mesh", "a=0:8", "--rank", "16"], "--rank 16 is out of range", None),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("argv, says, cls", BAD, ids=[" ".join(a) for a, _, _ in BAD])
@@ -288,7 +288,7 @@ def test_picture_of_a_large_job(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "big.svg"
     code, out, _ = run(capsys, "plan", "--world-size", "131072", "--mesh", "students=0:65536:2:dp=-1,tp=8",
-                       "--mesh", "teachers=1:65536:2", "--rank", "3", "--picture", str(path))  # fmt: skip
+                       "--mesh", "teachers=1:65536:2", "--rank", "3", "--picture", str(path))
     assert code == 0 and path.read_text().lstrip().startswith("<?xml")
     assert "a lane per mesh over the world's ranks" in out
 

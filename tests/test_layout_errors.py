@@ -628,7 +628,7 @@ def test_kind_ctx_and_fix_survive_pickling_and_render_both_ways():
     e = InvalidSizeError(
         "tp must be >= 1, got 0", field="tp", value=0, kind="degree_not_positive", ctx={"world_size": 8},
         fix="use {tp=1}, or a degree that divides {world_size}",
-    )  # fmt: skip
+    )
     back = pickle.loads(pickle.dumps(e))
     assert (back.kind, back.ctx, back.fix, back.field, back.value) == (e.kind, e.ctx, e.fix, "tp", 0)
     assert e.fix_text() == "use tp=1, or a degree that divides world_size"

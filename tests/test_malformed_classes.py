@@ -142,7 +142,7 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
     # RankGenerator: a dim of size > 1 missing from the order, every order and every dim
     for order in ("tp-dp", "dp-tp", "pp-tp", "tp-pp", "dp"):
         e = expect(lambda: RankGenerator(tp=2, ep=2, dp=2, pp=2, cp=1, order=order), ParallelConfigError, "order",
-                   order)  # fmt: skip
+                   order)
         fix = _suggested(str(e), r"e\.g\. ('[a-z-]+')")
         assert RankGenerator(tp=2, ep=2, dp=2, pp=2, cp=1, order=fix).order.startswith(fix)
     # model_parallel_layout: a hint from its generators is proved against the whole call, and
@@ -154,7 +154,7 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
              expert_model_parallel_size=4, order="tp-pp-ep-dp"),  # dp sizes differ: pp goes last
         dict(world_size=32, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
              expert_model_parallel_size=2, expert_tensor_parallel_size=1, order="tp-pp-ep-dp"),
-    ]  # fmt: skip
+    ]
     for kw in cases:
         order = kw["order"]
         with pytest.raises((ParallelConfigError, MegatronConfigError)) as ei:
@@ -164,7 +164,7 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
         assert model_parallel_layout(**{**kw, "order": fix}).order.startswith(fix)
     # where no order works, the message says so (and suggests none)
     hopeless = dict(world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                    expert_model_parallel_size=4, num_distributed_optimizer_instances=3)  # fmt: skip
+                    expert_model_parallel_size=4, num_distributed_optimizer_instances=3)
     for order, cls in (("tp-pp-ep-dp", MegatronConfigError), ("tp-ep-dp", ParallelConfigError)):
         e = expect(lambda: model_parallel_layout(**hopeless, order=order), cls, "order", order)
         assert "no order" in str(e) and "e.g." not in str(e), str(e)
@@ -214,7 +214,7 @@ def megatron_calls(draw):
               hierarchical_context_parallel_sizes=draw(st.sampled_from([None, None, [cp], [1, cp], [2], [0, cp]])),
               world=draw(st.sampled_from([None, None, MeshLayout.world(world_size),
                                           MeshLayout.world(world_size, rank_map=list(range(world_size))[::-1]),
-                                          MeshLayout.world(world_size + 1)])))  # fmt: skip
+                                          MeshLayout.world(world_size + 1)])))
     return kw, draw(st.lists(orders, max_size=4))
 
 
@@ -222,7 +222,7 @@ def _layout(kw: dict, order):
     return lambda: model_parallel_layout(
         kw["world_size"], kw["tp"], kw["pp"], kw["cp"], kw["ep"], kw["etp"], order,
         kw["num_distributed_optimizer_instances"], kw["hierarchical_context_parallel_sizes"], world=kw["world"],
-    )  # fmt: skip
+    )
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -244,7 +244,7 @@ def test_2_working_order_of_one_rank_generator_is_the_first_it_builds_with(degre
     tp, ep, dp, pp, cp = degrees
     n = tp * ep * dp * pp * cp
     world = {"fits": MeshLayout.world(n), "mapped": MeshLayout.world(n, rank_map=list(range(n))[::-1]),
-             7: MeshLayout.world(n + 7)}.get(world)  # fmt: skip
+             7: MeshLayout.world(n + 7)}.get(world)
     for order in candidates:
         builds = _builds(lambda: RankGenerator(tp, ep, dp, pp, cp, order, world=world))
         assert (layout_module.order_problem(order, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world) is None) == builds
@@ -299,7 +299,7 @@ def test_2_every_order_error_carries_the_order_that_works():
     for world_size, tp, pp, ep, etp in itertools.product((8, 12, 16, 32), (1, 2), (1, 2, 4), (1, 2, 3, 4), (None, 1)):
         for order in ("tp-dp", "tp-pp-dp", "tp-pp-ep-dp", "dp-pp-tp-ep", "tp-dp-pp", "pp"):
             kw = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
-                      expert_tensor_parallel_size=etp)  # fmt: skip
+                      expert_tensor_parallel_size=etp)
             try:
                 model_parallel_layout(world_size, order=order, **kw)
             except RankmeshError as e:
@@ -358,10 +358,10 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, cap
     from rankmesh.megatron import initialize_model_parallel
 
     expect(lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=["dp_cp", "bogus"]),
-           UnknownNameError, "high_priority_stream_groups", "bogus")  # fmt: skip
+           UnknownNameError, "high_priority_stream_groups", "bogus")
     for text in ("dp", ""):  # a str is a list with its brackets missing, even an empty one
         e = expect(lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=text),
-                   ArgumentTypeError, "high_priority_stream_groups", text)  # fmt: skip
+                   ArgumentTypeError, "high_priority_stream_groups", text)
         assert f"write [{text!r}]" in str(e)
     # the command line: --strict with a family that does not exist
     assert cli_main(["plan", "--world-size", "64", "--strict", "ep,bogus"]) == 2
@@ -468,7 +468,7 @@ def test_5_every_overflow_names_the_degree_that_overflows_the_running_product(mo
         (lambda: ParallelDims(2**16, 2**16, 1, 1, 1, 1, 1, 8), ParallelDimsOverflowError, "dp_shard", 2**16),
         (lambda: ParallelDims(1, -1, 1, 1, 1, 1, 1, big), ParallelDimsOverflowError, "world_size", big),
         (lambda: build_plan("torchtitan", 8, tp=big), ParallelDimsOverflowError, "tp", big),
-    ]  # fmt: skip
+    ]
     for fn, cls, field, value in places:
         e = expect(fn, cls, field, value)
         assert isinstance(e, LayoutOverflowError) and isinstance(e, OverflowError)

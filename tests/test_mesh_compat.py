@@ -72,6 +72,18 @@ def test_a_failed_self_check_disables_the_fast_path(monkeypatch):
     assert reason is not None and "_no_such_method" in reason
 
 
+def test_a_torch_whose_get_coordinate_reads_another_field_fails_the_self_check(monkeypatch):
+    """rankmesh sets DeviceMesh._coordinate_on_dim, which torch's get_coordinate returns: a torch
+    that renamed it would answer stale coordinates, so the self-check refuses it."""
+
+    def get_coordinate(self):  # a torch that keeps the coordinate under another name
+        return self._coordinate
+
+    monkeypatch.setattr(DeviceMesh, "get_coordinate", get_coordinate)
+    reason = _torch_compat._self_check()
+    assert reason is not None and "_coordinate_on_dim (read by get_coordinate)" in reason
+
+
 def test_the_fast_mesh_is_the_default_path(world8):
     m = rankmesh.init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
     assert type(m) is FastDeviceMesh and isinstance(m, DeviceMesh)

@@ -67,7 +67,7 @@ def test_meshes_of_one_world_share_one_group_per_partition_and_name_across_unfla
         assert [g[:2] for g in rep.groups] == [
             ("dp", MESHFAKE), ("tp", MESHFAKE), ("a", MESHFAKE), ("b", FAKE), ("c", MESHFAKE), ("x", FAKE),
             ("bc", MESHFAKE), ("b", MESHFAKE), ("t0", MESHFAKE), ("t1", MESHFAKE),
-        ]  # fmt: skip
+        ]
 
 
 def test_a_dim_overridden_to_fake_stays_fake_through_derivations():

@@ -266,6 +266,19 @@ def test_bad_input_is_typed():
         assert type(one) is DeviceMesh and one.mesh.tolist() == [0, 2, 3]
 
 
+def test_from_group_on_a_rank_outside_the_group_says_so():
+    """On a non-member, new_group returns torch's sentinel (an int): the error says that this rank is
+    not in the group, not that an int is no sequence of process groups."""
+    with fake_world(8, 0):
+        outside = dist.new_group([1, 2])
+        assert outside is dist.GroupMember.NON_GROUP_MEMBER
+        with pytest.raises(DistributedStateError) as e:
+            from_group(outside, "cpu", mesh_dim_names=("x",))
+        assert (e.value.field, e.value.value) == ("group", outside)
+        assert "this rank (0) is not a member of that group" in str(e.value)
+        assert "call from_group only on the group's member ranks" in str(e.value)
+
+
 def test_an_arbitrary_subset_is_torchs_own_mesh_with_a_warning():
 
     _once.forget("mesh")

@@ -37,6 +37,20 @@ def test_an_unknown_disable_name_warns_once_and_the_known_ones_still_count(monke
     assert not any(_patch.disabled(n) for n in _patch.SWITCHES)
 
 
+def test_an_unknown_patch_name_is_a_typed_error_and_still_a_key_error():
+    from rankmesh.errors import ERROR_KINDS, UnknownNameError
+
+    assert patches.get("concatenate") is patches.REGISTRY["concatenate"]
+    with pytest.raises(KeyError) as info:  # code written for the registry's dict keeps catching it
+        patches.get("nope")
+    e = info.value
+    assert isinstance(e, UnknownNameError) and e.kind == "unknown_patch"
+    assert (e.field, e.value) == ("name", "nope")
+    assert e.ctx == {"patches": tuple(sorted(patches.REGISTRY))} and set(e.ctx) == set(ERROR_KINDS[e.kind])
+    assert str(e).startswith("no rankmesh patch 'nope'; the patches are ")
+    assert all(name in str(e) for name in patches.REGISTRY)
+
+
 
 def _decorated(fn):
     return fn

@@ -243,7 +243,7 @@ def test_megatron_over_a_hot_spare(new_rank):
 
     with fake_world(SIZE, index):
         rm.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                                     create_gloo_process_groups=False)  # fmt: skip
+                                     create_gloo_process_groups=False)
         try:
             want = {g: sorted(ranks[i] for i in v) for g, v in members().items()}
         finally:
@@ -252,7 +252,7 @@ def test_megatron_over_a_hot_spare(new_rank):
         plan.activate()
         try:
             rm.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                                         create_gloo_process_groups=False)  # fmt: skip
+                                         create_gloo_process_groups=False)
             got = members()
         finally:
             deactivate()

@@ -11,6 +11,7 @@ is still a dependency), except under ``if TYPE_CHECKING:``.
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import rankmesh
@@ -344,9 +345,40 @@ def test_the_private_use_check_finds_them():
     )
 
 
+def instance_fields(class_source: str) -> set[str]:
+    """The instance fields a class's methods assign (``self.x = ...``, ``self.x: T = ...``,
+    ``self.x += ...``, ``self`` being a method's first parameter; static and class methods left
+    out): torch's ``DeviceMesh.__init__`` sets fields that no class annotation names
+    (``_coordinate_on_dim``, ``_dim_group_names``), and a torch may set one lazily elsewhere (older
+    releases set ``_hash`` in ``__hash__`` only)."""
+    cls = ast.parse(textwrap.dedent(class_source)).body[0]
+    assert isinstance(cls, ast.ClassDef), "not the source of a class"
+    found = set()
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef) or not fn.args.args:
+            continue
+        if any(isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in fn.decorator_list):
+            continue
+        me = fn.args.args[0].arg
+        stores = [n for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)]
+        found |= {n.attr for n in stores if isinstance(n.value, ast.Name) and n.value.id == me}
+    return found
+
+
+def torch_fields() -> set[str]:
+    """The instance fields of torch's ``DeviceMesh``: its class annotations and what its methods
+    (``__init__`` above all) assign."""
+    import inspect
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return set(getattr(DeviceMesh, "__annotations__", {})) | instance_fields(inspect.getsource(DeviceMesh))
+
+
 def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start_up():
-    """What rankmesh.mesh reads, sets or overrides on torch's DeviceMesh is in the self-check's
-    lists (or is the one version-dependent field, or the one patched method)."""
+    """What rankmesh.mesh reads, sets or overrides on torch's DeviceMesh (its methods, its annotated
+    fields and the fields its ``__init__`` and other methods set) is in the self-check's lists (or is the one
+    version-dependent field, the one patched method, or the fast mesh's own hash cache)."""
     from rankmesh import _torch_compat as compat
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -355,12 +387,96 @@ def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start
     names |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}  # overrides
     read_fields = {f for f, _ in compat._READ_FIELDS}
-    torch_members = set(dir(DeviceMesh)) | set(getattr(DeviceMesh, "__annotations__", {})) | read_fields
+    torch_members = set(dir(DeviceMesh)) | torch_fields() | read_fields
     used = {n for n in names if n.startswith("_") and not n.startswith("__") and n in torch_members}
-    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | read_fields
+    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | read_fields | compat._CONCATENATE_READS
     checked |= {"_preserve_rank_order", "_concatenate"}  # HAS_PRESERVE_RANK_ORDER; install_concatenate
-    assert "_dim_group_names" in used and "_layout" in used
+    # _hash: the fast mesh's own __hash__ caches its hash there, and its pickles write None there as
+    # torch's __getstate__ does; torch's __hash__ never runs on a fast mesh.
+    checked |= {"_hash"}
+    assert {"_dim_group_names", "_layout", "_coordinate_on_dim", "_flatten_rank_map"} <= used
     assert not used - checked, sorted(used - checked)
+
+
+def fields_written(tree: ast.AST) -> set[str]:
+    """The private fields a module writes on objects' ``__dict__`` (``d["_x"] = ...``,
+    ``state["_x"] = ...``, ``.__dict__.setdefault("_x", ...)``, ``.__dict__.update(_x=...)``: every
+    string-keyed store of a ``_``-name; rankmesh.mesh has no other dict keyed so), and the ones
+    ``FastDeviceMesh``'s methods assign as ``self._x``."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.slice, ast.Constant):
+            out.add(n.slice.value)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            on_dict = _dotted(n.func.value).endswith("__dict__")
+            if on_dict and n.func.attr == "setdefault" and n.args and isinstance(n.args[0], ast.Constant):
+                out.add(n.args[0].value)
+            elif on_dict and n.func.attr == "update":
+                out |= {k.arg for k in n.keywords if k.arg}
+        elif isinstance(n, ast.ClassDef) and n.name == "FastDeviceMesh":
+            out |= {
+                a.attr
+                for a in ast.walk(n)
+                if isinstance(a, ast.Attribute) and isinstance(a.ctx, ast.Store) and _dotted(a.value) == "self"
+            }
+    return {f for f in out if isinstance(f, str) and f.startswith("_") and not f.startswith("__")}
+
+
+#: The fast mesh's own fields (rankmesh's layout and world), which torch never reads.
+OWN_FIELD_PREFIX = "_rm_"
+
+
+def unknown_fields(written: set[str], torch_has: set[str], preserve_rank_order: bool) -> set[str]:
+    """The fields written that torch's ``DeviceMesh`` does not have: a torch that renamed one would
+    read its own (unset or stale) field where rankmesh set the old name. ``_preserve_rank_order`` is
+    set on every torch (2.13 has none; its pickles leave it out)."""
+    allowed = torch_has | ({"_preserve_rank_order"} if not preserve_rank_order else set())
+    return {f for f in written if not f.startswith(OWN_FIELD_PREFIX)} - allowed
+
+
+def test_every_field_the_fast_meshes_write_is_a_field_of_torchs_devicemesh():
+    from rankmesh import _torch_compat as compat
+
+    written = fields_written(ast.parse((PACKAGE / "mesh.py").read_text()))
+    assert {"_coordinate_on_dim", "_dim_group_names", "_hash", "_rm_world", "_pg_registry"} <= written
+    unknown = unknown_fields(written, torch_fields(), compat.HAS_PRESERVE_RANK_ORDER)
+    assert not unknown, f"rankmesh.mesh sets fields torch's DeviceMesh does not have: {sorted(unknown)}"
+
+
+def test_the_field_check_finds_a_field_torch_renamed():
+    torch_class = (
+        "    class DeviceMesh:\n"
+        "        _rank: int\n"
+        "        def __init__(self, device_type, mesh=None):\n"
+        "            self._device_type = device_type\n"
+        "            self._coordinates: tuple | None = self._compute_coordinate_on_dim()\n"
+        "            other._not_mine = 1\n"
+        "        def __hash__(me):\n"
+        "            me._hash = getattr(me, '_hash', None)\n"
+        "        @staticmethod\n"
+        "        def from_group(group):\n"
+        "            group._not_a_field = 1\n"
+    )
+    assert instance_fields(torch_class) == {"_device_type", "_coordinates", "_hash"}
+    mesh = (
+        "class FastDeviceMesh(DeviceMesh):\n"
+        "    def _make(self):\n"
+        "        d = self.__dict__\n"
+        "        d['_rm_world'] = world\n"
+        "        d['_coordinate_on_dim'] = (0,)\n"
+        "        self._thread_id = None\n"
+        "        self.__dict__.update(_hash=None)\n"
+        "        self.__dict__.setdefault('_pg_registry', {})\n"
+        "        d['__weakref__'] = None\n"
+    )
+    written = fields_written(ast.parse(mesh))
+    assert written == {"_rm_world", "_coordinate_on_dim", "_thread_id", "_hash", "_pg_registry"}
+    fields = {"_device_type", "_coordinates", "_hash", "_thread_id", "_pg_registry"}
+    assert unknown_fields(written, fields, preserve_rank_order=True) == {"_coordinate_on_dim"}
+    with_order = written | {"_preserve_rank_order"}  # set on 2.13 too, where torch has no such field
+    assert unknown_fields(with_order, fields, preserve_rank_order=False) == {"_coordinate_on_dim"}
+    both = {"_coordinate_on_dim", "_preserve_rank_order"}  # 2.14+: the field must be torch's
+    assert unknown_fields(with_order, fields, preserve_rank_order=True) == both
 
 
 def test_the_fake_backend_is_registered_in_one_place():
@@ -384,9 +500,38 @@ def _call_name(node: ast.Call) -> str:
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
 
 
-def error_kinds_used(tree: ast.AST) -> list[tuple[str, tuple[str, ...] | None]]:
-    """``(kind, ctx keys)`` of every error built with a literal ``kind=`` (``None`` for the keys when
-    ``ctx`` is not a dict literal); an error class or a helper named ``_..._error``."""
+def error_helper_positions(trees: list[ast.AST]) -> dict[str, dict[str, int]]:
+    """For each helper named ``..._error`` defined in ``trees`` that takes ``kind`` or ``ctx`` as a
+    positional parameter, that parameter's index among a call's positional arguments (a method's
+    ``self`` or ``cls`` left out): a kind passed positionally is found as one passed by keyword."""
+    out: dict[str, dict[str, int]] = {}
+    for tree in trees:
+        bound = {
+            id(f)
+            for c in ast.walk(tree)
+            if isinstance(c, ast.ClassDef)
+            for f in c.body
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in f.decorator_list)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.endswith("_error"):
+                params = [a.arg for a in node.args.posonlyargs + node.args.args]
+                if id(node) in bound:
+                    params = params[1:]
+                where = {p: params.index(p) for p in ("kind", "ctx") if p in params}
+                if where:
+                    out[node.name] = where
+    return out
+
+
+def error_kinds_used(
+    tree: ast.AST, positions: dict[str, dict[str, int]] | None = None
+) -> list[tuple[str, tuple[str, ...] | None]]:
+    """``(kind, ctx keys)`` of every error built with a literal kind (``None`` for the keys when
+    ``ctx`` is not a dict literal); an error class or a helper named ``_..._error``. The kind is
+    ``kind=``, or, for a helper in ``positions`` (:func:`error_helper_positions`), the positional
+    argument in its place."""
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -395,6 +540,9 @@ def error_kinds_used(tree: ast.AST) -> list[tuple[str, tuple[str, ...] | None]]:
         if not (name.endswith("Error") or name.endswith("_error")):
             continue
         kw = {k.arg: k.value for k in node.keywords if k.arg}
+        for param, index in (positions or {}).get(name, {}).items():
+            if index < len(node.args) and not any(isinstance(a, ast.Starred) for a in node.args[: index + 1]):
+                kw.setdefault(param, node.args[index])
         kind = kw.get("kind")
         if not (isinstance(kind, ast.Constant) and isinstance(kind.value, str)):
             continue
@@ -414,8 +562,10 @@ def test_every_error_kind_is_in_the_table_with_its_ctx_keys():
 
     seen = set()
     wrong = {}
-    for name, path in _modules().items():
-        for kind, keys in error_kinds_used(ast.parse(path.read_text(), str(path))):
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in _modules().items()}
+    positions = error_helper_positions(list(trees.values()))
+    for name, tree in trees.items():
+        for kind, keys in error_kinds_used(tree, positions):
             seen.add(kind)
             if kind not in ERROR_KINDS or keys != tuple(sorted(ERROR_KINDS[kind])):
                 wrong.setdefault(name, []).append((kind, keys))
@@ -430,3 +580,23 @@ def test_the_error_kind_check_finds_them():
         "np.argsort(a, kind='stable')\n"
     )
     assert error_kinds_used(ast.parse(src)) == [("world_not_divisible", ("divisor",)), ("meshes_overlap", ())]
+
+
+def test_the_error_kind_check_finds_a_kind_passed_positionally():
+    """A helper that takes ``kind`` (or ``ctx``) positionally cannot hide a kind from the table."""
+    src = (
+        "def _mesh_error(cls, spec, why, fix, kind=None, ctx=None):\n"
+        "    return cls(why, field='mesh', value=spec, kind=kind, ctx=ctx, fix=fix)\n"
+        "class _Check:\n"
+        "    def _degrees_error(self, fault, kind):\n"
+        "        return fault\n"
+        "raise _mesh_error(MeshArgumentError, 's', 'why', 'fix', 'mesh_syntax')\n"
+        "raise _mesh_error(InvalidSizeError, 's', 'why', 'fix', 'empty_mesh', {'step': 0})\n"
+        "raise self._degrees_error(fault, 'no_rank_left')\n"
+        "raise _mesh_error(InvalidSizeError, 's', 'why', 'fix')\n"
+    )
+    tree = ast.parse(src)
+    positions = error_helper_positions([tree])
+    assert positions == {"_mesh_error": {"kind": 4, "ctx": 5}, "_degrees_error": {"kind": 1}}
+    assert error_kinds_used(tree, positions) == [("mesh_syntax", ()), ("empty_mesh", ("step",)), ("no_rank_left", ())]
+    assert error_kinds_used(tree) == []  # what the check saw before it read the helpers' parameters

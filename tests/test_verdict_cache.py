@@ -129,7 +129,7 @@ def _valid(path: Path) -> bool:
     "damage",
     ["garbage", "truncated", "empty", "not an object", "another format", "another torch", "another rankmesh",
      "a reason that is not a string", "huge"],
-)  # fmt: skip
+)
 def test_a_bad_file_is_never_trusted(cache, counted, monkeypatch, damage):
     assert _check(monkeypatch)
     path = _the_file(cache)

@@ -91,7 +91,7 @@ def _default_dim(plan: Plan) -> tuple[str, str]:
 _PALETTE = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
     "#9c755f", "#bab0ac", "#1f3b73", "#8cd17d", "#d37295", "#b6992d", "#a0cbe8", "#79706e",
-]  # fmt: skip
+]
 
 
 def _text_color(hex_color: str) -> str:
@@ -296,7 +296,7 @@ def _draw_job_grid(plt, job: JobPlan, rank: int, gpn: int, shade: dict[str, str]
         ax.text(local + 0.47, y, str(r), ha="center", va="center", fontsize=fs, color=_text_color(col))
         if r in coord:
             ax.text(local + 0.47, node + 0.7, f"({coord[r]})", ha="center", va="center", fontsize=fs - 2.5,
-                    color=_text_color(col))  # fmt: skip
+                    color=_text_color(col))
     _outline_and_axes(ax, outline, gpn, nodes, top=-0.3)
     node, local = divmod(rank, gpn)
     ax.text(local + 0.47, node + 0.02, "you", ha="center", va="top", fontsize=6, color="black", weight="bold")
@@ -330,11 +330,11 @@ def _draw_job_bar(plt, job: JobPlan, rank: int):
         ax.add_patch(Rectangle((0, i + 0.1), world, 0.8, facecolor=_OUTSIDE, edgecolor="none"))
         ax.add_patch(Rectangle((r[0], i + 0.1), r[-1] + 1 - r[0], 0.8, edgecolor=col, linewidth=0.8,
                                facecolor=_lighter(col, 0.45) if r.step > 1 else col,
-                               hatch="|||" if r.step > 1 else None))  # fmt: skip
+                               hatch="|||" if r.step > 1 else None))
         back = dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5) if r.step > 1 else None
         ax.text((r[0] + r[-1] + 1) / 2, i + 0.5, f"ranks {m.span()}  [{m.dims()}]", ha="center", va="center",
                 fontsize=7.5, color="black" if back else _text_color(col), weight="bold" if m is mine else "normal",
-                bbox=back)  # fmt: skip
+                bbox=back)
     ax.vlines(rank + 0.5, 0, n, color="black", linewidth=1.5)
     ax.text(rank + 0.5, -0.05, f"rank {rank}", ha="center", va="bottom", fontsize=7.5, weight="bold")
     ax.set_xlim(0, world)

@@ -35,7 +35,7 @@ Private torch state is read in two modules only, each with a start-up check
 
 - here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
   ``_READ_FIELDS``, ``_CONCATENATE_READS``; a test checks that every one :mod:`rankmesh.mesh` uses,
-  the fields torch's ``__init__`` sets included, is listed), torch's
+  the fields torch's methods set included, is listed), torch's
   layout algebra (``_MeshLayout``, ``_FlatLayout``, compared with rankmesh's by the self-check),
   ``_normalize_backend_override`` and c10d's ``Backend.Options``, and the argument checks of
   ``DeviceMesh._unflatten`` / ``_create_unflatten_mesh`` / ``_create_flatten_mesh``, which

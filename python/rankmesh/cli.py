@@ -238,13 +238,13 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--mesh", action="append", default=None, metavar="NAME=START:STOP[:DIMS]",
         help="one mesh of a job of disjoint meshes, e.g. teachers=8:16:dp=4,tp=2 (repeat it; see below)",
-    )  # fmt: skip
+    )
     q.add_argument("--order", default=None, help="megatron order, leftmost fastest (default tp-cp-ep-dp-pp)")
     q.add_argument("--rank", type=int, default=0, help="the rank whose groups to show (default 0)")
     q.add_argument(
         "--gpus-per-node", type=int, default=None,
         help=f"ranks per node (default: $LOCAL_WORLD_SIZE, else {DEFAULT_GPUS_PER_NODE})",
-    )  # fmt: skip
+    )
     q.add_argument(
         "--strict",
         nargs="?",
@@ -256,11 +256,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--picture", default=None, metavar="OUT.png",
         help="draw the layout (needs matplotlib: pip install 'rankmesh[plot]')",
-    )  # fmt: skip
+    )
     q.add_argument(
         "--dim", default=None,
         help="dim to colour in the picture: tp or mesh.dim (default tp; with --mesh, the shades in each mesh)",
-    )  # fmt: skip
+    )
     # listed for --help only: main() hands `bench ...` and `run ...` on before parsing
     sub.add_parser("bench", help="benchmark against stock torch (rankmesh.bench); arguments pass through")
     sub.add_parser(

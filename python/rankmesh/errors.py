@@ -79,7 +79,8 @@ __all__ = [  # the error classes (the table of kinds, ERROR_KINDS, is read as ra
 #: Every finer ``kind`` an error may carry (beyond its class's own, e.g. ``"size_mismatch"``), with
 #: the keys of its ``ctx``, in the spirit of pydantic-core's ``ErrorType``: code that tells faults
 #: apart reads ``e.kind`` and ``e.ctx[...]`` and can rely on these. ``tests/test_structure.py`` checks
-#: that every ``kind=`` in the package is here and passes exactly these ``ctx`` keys.
+#: that every kind raised in the package (``kind=``, or positionally to a ``..._error`` helper) is here
+#: and passes exactly these ``ctx`` keys.
 ERROR_KINDS: dict[str, tuple[str, ...]] = {
     # a degree or size below 1 (tp=0, --tp -3); the field names it
     "degree_not_positive": (),
@@ -102,10 +103,16 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "not_for_convention": ("convention",),
     # rankmesh plan --mesh: two meshes of one job share ranks
     "meshes_overlap": (),
+    # rankmesh plan --mesh: a spec that is not NAME=START:STOP[:STEP][:DIM=SIZE,...]
+    "mesh_syntax": (),
+    # rankmesh plan --mesh: a range of ranks that is empty (STOP not after START) or steps below 1
+    "empty_mesh": (),
     # rankmesh.recovery: a failed rank whose mesh position no spare can take
     "no_spare_left": ("failed", "spares"),
     # rankmesh.recovery.shrink: every replica lost a rank, or the replica dim is 1
     "no_replica_left": ("dim", "size", "failed_replicas"),
+    # rankmesh.patches.get: a name that is no patch of the registry; patches: the names it has
+    "unknown_patch": ("patches",),
 }
 
 
@@ -210,7 +217,8 @@ class LayoutOverflowError(RankmeshError, OverflowError):
 
 
 class UnknownNameError(RankmeshError, KeyError):
-    """A dimension name that the mesh does not have."""
+    """A dimension name that the mesh does not have, or (kind ``"unknown_patch"``) a name that is
+    no patch of :data:`rankmesh.patches.REGISTRY`."""
 
     __str__ = RankmeshError.__str__
 

@@ -1158,7 +1158,9 @@ def from_group(
     asking for ``mesh`` for several (torch's n-D form needs it).
 
     Every rank calls this with its own groups (SPMD, as torch); the ranks cannot check each other's
-    groups without communicating: :func:`rankmesh.check_consistency` does.
+    groups without communicating: :func:`rankmesh.check_consistency` does. On a rank outside a group
+    (``new_group`` gave it ``GroupMember.NON_GROUP_MEMBER``) it raises
+    :class:`~rankmesh.errors.DistributedStateError`.
 
     Example (rank 6 of 8: the tp groups are [4, 5], [6, 7], ..., the dp groups [0, 2, 4, 6] and
     [1, 3, 5, 7], made by hand as Megatron does)::
@@ -1176,6 +1178,14 @@ def from_group(
     if mesh is not None:
         return DeviceMesh.from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
     check_str(device_type, "device_type")
+    if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:  # new_group's answer on a non-member
+        rank = dist.get_rank() if dist.is_initialized() else "?"
+        raise DistributedStateError(
+            f"group is GroupMember.NON_GROUP_MEMBER ({group}): this rank ({rank}) is not a member of that group; "
+            "call from_group only on the group's member ranks, or pass, on each rank, the groups it belongs to",
+            field="group",
+            value=group,
+        )
     single = isinstance(group, dist.ProcessGroup)
     groups = [group] if single else list(as_sequence(group, "group", "process groups"))
     if not groups:

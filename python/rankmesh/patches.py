@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from rankmesh import devicemesh, mesh, torchtitan
 from rankmesh._patch import Patch, disabled, source_hash
+from rankmesh.errors import UnknownNameError
 from rankmesh.megatron import fsdp
 from rankmesh.torchtitan import spmd_axis
 
@@ -38,11 +39,20 @@ REGISTRY: dict[str, Patch] = {
 
 
 def get(name: str) -> Patch:
-    """The patch called ``name`` (a ``KeyError`` listing the names otherwise)."""
+    """The patch called ``name``; otherwise an :class:`~rankmesh.errors.UnknownNameError` (also a
+    ``KeyError``) with ``kind`` ``"unknown_patch"``, naming ``name`` and listing the patches."""
     try:
         return REGISTRY[name]
     except KeyError:
-        raise KeyError(f"no rankmesh patch {name!r}; the patches are {sorted(REGISTRY)}") from None
+        known = tuple(sorted(REGISTRY))
+        raise UnknownNameError(
+            f"no rankmesh patch {name!r}; the patches are {', '.join(known)}",
+            field="name",
+            value=name,
+            kind="unknown_patch",
+            ctx={"patches": known},
+            fix=f"pass one of {', '.join(known)} as {{name}}",
+        ) from None
 
 
 def installed() -> list[str]:

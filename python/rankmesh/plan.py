@@ -142,7 +142,7 @@ def _torchtitan_plan(
 ) -> Plan:
     """torchtitan's ParallelDims (dp_shard=-1 fills the rest) and its meshes, as layouts."""
     d = _tt.resolve_degrees(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
-                            world_size=world)  # fmt: skip
+                            world_size=world)
     deg = _tt.degrees(**d)
     dp_shard = d["dp_shard"]
     built = _tt.layouts(world, deg, loss_name="loss")
@@ -240,7 +240,7 @@ def build_plan(
             1 if dp_replicate is None else dp_replicate,
             -1 if dp_shard is None else dp_shard,
             1 if etp is None else etp,
-        )  # fmt: skip
+        )
     if convention == "megatron":
         why = " (dp = world/(tp*pp*cp) is derived)"
         if dp_replicate is not None:
@@ -257,7 +257,7 @@ def build_plan(
             world_size, tp, pp, cp, ep,
             1 if dp_replicate is None else dp_replicate,
             -1 if dp_shard is None else dp_shard,
-        )  # fmt: skip
+        )
     raise UnknownNameError(
         f"unknown convention {convention!r}; use one of {', '.join(CONVENTIONS)}", field="convention", value=convention
     )
@@ -343,7 +343,7 @@ def plan_topology(
     return topology_report(
         plan.built(), rank, gpus_per_node, whole_world=plan.world_size <= WHOLE_WORLD_LIMIT,
         strict=strict_dims is not None, strict_dims=() if strict_dims is None else tuple(strict_dims),
-    )  # fmt: skip
+    )
 
 
 def format_plan(plan: Plan, rank: int, report: TopologyReport) -> str:
@@ -475,7 +475,7 @@ class JobPlan:
         )
 
 
-def _mesh_error(cls: type[RankmeshError], spec: str, why: str, fix: str, kind: str | None = None) -> RankmeshError:
+def _mesh_error(cls: type[RankmeshError], spec: str, why: str, fix: str, *, kind: str | None = None) -> RankmeshError:
     """An error of one mesh spec: the message names it as ``mesh 'spec'`` (``rankmesh plan``
     prints ``--mesh 'spec'``), ``field`` is ``"mesh"`` and ``value`` the spec."""
     return cls(f"mesh {spec!r}: {why}", field="mesh", value=spec, kind=kind, fix=fix)
@@ -498,15 +498,15 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
         why = "it has no NAME= before the ranks" if not eq or not label else f"{label!r} is not a mesh name"
         raise _mesh_error(
             MeshArgumentError, spec, f"{why}; write {MESH_SYNTAX}",
-            f"name the mesh with a letter first, then its ranks, e.g. {example}", "mesh_syntax",
-        )  # fmt: skip
+            f"name the mesh with a letter first, then its ranks, e.g. {example}", kind="mesh_syntax",
+        )
     parts = rest.split(":")
     dims_text = parts.pop() if "=" in parts[-1] else None
     if len(parts) not in (2, 3) or not all(_INT.fullmatch(p) for p in parts):
         raise _mesh_error(
             MeshArgumentError, spec, f"{rest!r} is not START:STOP[:STEP][:DIM=SIZE,...] with integer ranks",
-            f"write the ranks as START:STOP (STOP excluded) and the dims last, e.g. {example}", "mesh_syntax",
-        )  # fmt: skip
+            f"write the ranks as START:STOP (STOP excluded) and the dims last, e.g. {example}", kind="mesh_syntax",
+        )
     start, stop, step = (int(p) for p in parts + ["1"] * (3 - len(parts)))
     dims: list[tuple[str, int]] = []
     for item in [] if dims_text is None else dims_text.split(","):
@@ -515,36 +515,39 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
         if not eq or not _INT.fullmatch(size):
             raise _mesh_error(
                 MeshArgumentError, spec, f"{item!r} is not DIM=SIZE",
-                f"give the dims as DIM=SIZE, comma-separated, slowest first, e.g. {example}", "mesh_syntax",
-            )  # fmt: skip
+                f"give the dims as DIM=SIZE, comma-separated, slowest first, e.g. {example}", kind="mesh_syntax",
+            )
         if name not in DEGREE_NAMES:
             close = difflib.get_close_matches(name, DEGREE_NAMES, n=1)
             hint = f"{close[0]} instead of {name}" if close else f"a dim named {', '.join(DEGREE_NAMES)}"
             raise _mesh_error(UnknownNameError, spec, f"{name!r} is not a dim name; use {', '.join(DEGREE_NAMES)}",
-                              f"write {hint}")  # fmt: skip
+                              f"write {hint}")
         if name in (n for n, _ in dims):
             raise _mesh_error(DuplicateNameError, spec, f"it names {name} twice", f"give {name} once")
         if int(size) < 1 and int(size) != -1:
             raise _mesh_error(
                 InvalidSizeError, spec, f"{name}={size}: a size is >= 1 (or -1: the rest)",
-                f"use {name}=1 for no {name}, or {name}=-1 for the ranks the other dims leave", "degree_not_positive",
-            )  # fmt: skip
+                f"use {name}=1 for no {name}, or {name}=-1 for the ranks the other dims leave",
+                kind="degree_not_positive",
+            )
         dims.append((name, int(size)))
     if step < 1:
         raise _mesh_error(InvalidSizeError, spec, f"step {step} is not >= 1", "use a step >= 1 (1: every rank)",
-                          "empty_mesh")  # fmt: skip
+                          kind="empty_mesh")
     ranks = range(start, stop, step)
     if not ranks:
         fix = f"put STOP after START, e.g. {{mesh={_spec(label, range(stop, start, step), dims)}}}"
         if start == stop:
             fix = f"put STOP after START: {label}={start}:{start + 1} is rank {start} alone"
-        raise _mesh_error(InvalidSizeError, spec, f"range({start}, {stop}, {step}) holds no rank", fix, "empty_mesh")
+        raise _mesh_error(
+            InvalidSizeError, spec, f"range({start}, {stop}, {step}) holds no rank", fix, kind="empty_mesh"
+        )
     if start < 0 or ranks[-1] >= world:
         where = f"starts at {start}" if start < 0 else f"reaches rank {ranks[-1]}"
         raise _mesh_error(
             RankOutOfRangeError, spec, f"it {where}, outside the world of {world} ranks (0..{world - 1})",
             f"keep its ranks in 0..{world - 1} (STOP is excluded: at most {world}), or pass a larger {{world_size}}",
-        )  # fmt: skip
+        )
     return label, ranks, dims
 
 
@@ -558,7 +561,7 @@ def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]]) -> 
         raise _mesh_error(
             SizeMismatchError, spec, f"{' and '.join(rest)} are both -1; one dim at most takes the rest",
             f"give every size but one, e.g. {rest[0]}=-1 and {rest[1]}=1",
-        )  # fmt: skip
+        )
     if not dims or (rest and n % known == 0) or (not rest and known == n):
         return [(name, n // known if size == -1 else size) for name, size in dims]
     if len(given) == 1:
@@ -571,7 +574,7 @@ def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]]) -> 
     raise _mesh_error(
         SizeMismatchError, spec, f"{product} {what} its {n} ranks ({ranks[0]}..{ranks[-1]})",
         f"make the sizes multiply to {n} ({fill}=-1 takes the rest), or give it {known} ranks: {{mesh={fit}}}",
-    )  # fmt: skip
+    )
 
 
 def _first_shared_rank(a: range, b: range) -> int | None:
@@ -624,7 +627,7 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
         dims = _sizes(spec, label, ranks, dims)
         if label in out:
             raise _mesh_error(DuplicateNameError, spec, f"a second mesh named {label!r}",
-                              f"name each mesh once, e.g. {{mesh={label}2{spec[len(label):]}}}")  # fmt: skip
+                              f"name each mesh once, e.g. {{mesh={label}2{spec[len(label):]}}}")
         for other in out.values():
             shared = _first_shared_rank(other.ranks, ranks)
             if shared is None:
@@ -638,7 +641,7 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
                 MeshArgumentError, spec,
                 f"it shares rank {shared} with mesh {other.spec!r} ({other.span()}); the meshes of a job are disjoint",
                 fix, kind="meshes_overlap",
-            )  # fmt: skip
+            )
         layout = MeshLayout.placed(world, ranks.start, [(len(ranks), ranks.step)])
         if dims:
             layout = layout.unflatten("world", [s for _, s in dims], [n for n, _ in dims])

@@ -143,7 +143,7 @@ def cycle(base, rank: int, world: int, i: int, megatron: bool) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     return {"groups": g.seen, "tables": c10d_tables(), "initialized": dist.is_initialized(),
-            "took": time.perf_counter() - t0}  # fmt: skip
+            "took": time.perf_counter() - t0}
 
 
 def rebuild_after_free(base, rank: int, world: int) -> dict:

@@ -115,7 +115,7 @@ class ParallelDims:
         deg = _tt.resolve_degrees(
             dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
             pp=self.pp, ep=self.ep, etp=self.etp, world_size=self.world_size,
-        )  # fmt: skip
+        )
         for name, value in deg.items():
             setattr(self, name, value)
         self.world_size = as_int(self.world_size, "world_size")
@@ -133,7 +133,7 @@ class ParallelDims:
         return _tt.degrees(
             dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
             pp=self.pp, ep=self.ep, etp=self.etp,
-        )  # fmt: skip
+        )
 
     @property
     def layouts(self) -> dict[str, MeshLayout]:
@@ -187,7 +187,7 @@ class ParallelDims:
             "Building device mesh with parallelism: pp=%d, dp_replicate=%d, dp_shard=%d, cp=%d, "
             "tp=%d, ep=%d, etp=%d",
             self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
-        )  # fmt: skip
+        )
         deg = self._degrees()  # checks the MoE mesh before anything else
         require_default_group("building meshes")
         if dist.get_world_size() != self.world_size:
