@@ -44,7 +44,7 @@ def _entries(pg):
         lambda log: st.tuples(
             st.just(1 << log),
             st.integers(0, (1 << log) - 1),
-            st.sets(st.integers(0, (1 << log) - 1), max_size=40),
+            st.sets(st.integers(0, (1 << log) - 1), max_size=150),  # from 64 members: a RankTable
         )
     ),
     st.sampled_from([None, FAKE, MESHFAKE]),
@@ -72,6 +72,8 @@ def test_registry_entries_equal_torchs_new_group(world_rank_members, backend, ti
         ours = fg.new_member_group(members, backend=backend, timeout=timeout, group_desc=desc)
         assert w.group_count - count == torch_step
         assert _entries(ours) == _entries(theirs)
+        lazy = len(members) >= fg.LAZY_TABLE_MIN
+        assert type(w.pg_group_ranks[ours]) is (fg.RankTable if lazy else dict)
         assert ours is not theirs and w.pg_names[ours] != w.pg_names[theirs]
         assert dist.get_process_group_ranks(ours) == members.tolist()
         assert dist.get_group_rank(ours, rank) == members.tolist().index(rank)
@@ -252,7 +254,7 @@ def bound_fake_world(world: int, rank: int):
         lambda log: st.tuples(
             st.just(1 << log),
             st.integers(0, (1 << log) - 1),
-            st.sets(st.integers(0, (1 << log) - 1), max_size=40),
+            st.sets(st.integers(0, (1 << log) - 1), max_size=150),  # from 64 members: a RankTable
         )
     ),
     st.sampled_from([None, datetime.timedelta(seconds=7), datetime.timedelta(minutes=3)]),

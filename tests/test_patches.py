@@ -13,7 +13,7 @@ from rankmesh import _once, _patch, patches  # noqa: E402
 
 
 def test_every_switch_is_a_patch_or_fast_groups():
-    assert set(patches.REGISTRY) | {"fast_groups"} == _patch.SWITCHES
+    assert set(patches.REGISTRY) | {"fast_groups", "rank_tables"} == _patch.SWITCHES
     for name, p in patches.REGISTRY.items():
         assert p.name == name and p.why and p.versions and "." in p.target
 

@@ -13,8 +13,9 @@ those arguments, minus the work that cannot fail:
 - the group is made by torch's own ``_new_process_group_helper`` (every registry entry it
   writes, ``pg_map``, ``pg_names``, ``pg_backend_config``, ``pg_to_tag``, ``tags_to_pg``, the
   store prefix, the backend and its options, is torch's);
-- ``_world.pg_group_ranks[pg]`` is the same dict, built by ``dict(zip(...))`` (one entry per
-  member is what torch's table needs: the part of the cost that stays O(members));
+- ``_world.pg_group_ranks[pg]`` answers as the same dict: a :class:`RankTable` (a ``dict`` that
+  fills itself on first use, answering ``in`` and ``[]`` by bisection until then) for a group of
+  64 members or more, the plain dict below that;
 - the counters move exactly as torch's call moves them: torch 2.15 salts the name with
   ``_world.group_count`` and advances it; torch 2.13 salts it with ``len(_world.pg_names)`` and
   does not advance it (``SCHEME``).
@@ -56,6 +57,7 @@ rank table narrowed to the ranks it reads (:func:`narrowed_parent_ranks`), after
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import datetime
 import inspect
@@ -79,13 +81,15 @@ from rankmesh.errors import DistributedStateError
 __all__ = [
     "FAST_GROUPS",
     "KNOWN_BODIES",
+    "LAZY_TABLE_MIN",
+    "RANK_TABLES",
+    "RankTable",
     "SCHEME",
     "SPLIT_SHAPE",
     "bodies_unknown",
     "ensure_backend_registered",
     "group_device_types",
     "options_timeout",
-    "group_count",
     "init_fake_world",
     "narrowed_parent_ranks",
     "new_member_group",
@@ -549,9 +553,13 @@ def _create(
     return pg
 
 
-# The list and torch's rank table of the last member arrays seen, by identity (the array is kept, so
-# its id stays its own): a builder hands the same array for every dim with the same members.
-_MEMBER_TABLES: dict[int, tuple[np.ndarray, list[int], dict[int, int]]] = {}
+# The list and the members (a tuple, for rank tables) of the last member arrays seen, by identity
+# (the array is kept, so its id stays its own): a builder hands the same array for every dim with
+# the same members.
+_MEMBER_TABLES: dict[int, tuple[np.ndarray, list[int], list[tuple[int, ...]]]] = {}
+#: Groups with at least this many members get a :class:`RankTable` that fills itself on first use;
+#: smaller ones a plain dict (what it saves is then below a microsecond).
+LAZY_TABLE_MIN = 64
 
 
 def _as_list(ranks: np.ndarray) -> list[int]:
@@ -559,21 +567,159 @@ def _as_list(ranks: np.ndarray) -> list[int]:
     if hit is not None and hit[0] is ranks:
         return list(hit[1])  # a copy: torch keeps what it is given
     ranks_list = ranks.tolist()
-    if len(ranks_list) >= 64:  # only member lists worth keeping
+    if len(ranks_list) >= LAZY_TABLE_MIN:  # only member lists worth keeping
         if len(_MEMBER_TABLES) >= 32:
             _MEMBER_TABLES.clear()
-        _MEMBER_TABLES[id(ranks)] = (ranks, ranks_list, {})
+        _MEMBER_TABLES[id(ranks)] = (ranks, ranks_list, [])
     return ranks_list
 
 
 def _rank_table(ranks: np.ndarray, ranks_list: list[int]) -> dict[int, int]:
-    """torch's ``pg_group_ranks`` entry (global rank -> group rank), made once per member array."""
+    """torch's ``pg_group_ranks`` entry (global rank -> group rank) for sorted, unique members: a
+    :class:`RankTable` over one tuple of the members per member array, or for a small group (or
+    with ``RANKMESH_DISABLE=rank_tables``) the plain dict torch builds."""
+    if len(ranks_list) < LAZY_TABLE_MIN or disabled(RANK_TABLES):
+        return dict(zip(ranks_list, range(len(ranks_list))))
     hit = _MEMBER_TABLES.get(id(ranks))
     if hit is not None and hit[0] is ranks:
         if not hit[2]:
-            hit[2].update(zip(ranks_list, range(len(ranks_list))))
-        return dict(hit[2])  # a copy per group: torch deletes each group's entry on its own
-    return dict(zip(ranks_list, range(len(ranks_list))))
+            hit[2].append(tuple(ranks_list))
+        return RankTable(hit[2][0])  # one table per group: torch deletes each group's entry on its own
+    return RankTable(tuple(ranks_list))
+
+
+#: The name ``RANKMESH_DISABLE`` takes to give every group torch's plain ``{rank: group rank}`` dict.
+RANK_TABLES = "rank_tables"
+
+
+class RankTable(dict):
+    """torch's ``_world.pg_group_ranks`` entry for a group rankmesh made: ``{global rank: group
+    rank}`` over sorted, unique members (a member's group rank is its position), filled on first
+    use instead of at creation. A 131,072-member group's dict costs ~10 ms and ~10 MB to build at
+    2^20 ranks, and most groups are never asked more than ``dist.get_rank(group)`` or
+    ``get_group_rank`` (``in`` and ``[]``), which this answers by bisection over the members
+    without filling. Anything else (iteration, ``keys()``, ``items()``, ``len`` aside, equality,
+    ``repr``, any change) fills it first, after which it is the plain dict torch builds, in its
+    order. It is a ``dict`` subclass, so code that checks ``isinstance(t, dict)`` is served; C
+    code that reads a dict's storage directly (none in torch reads these tables) would see an
+    unfilled one as empty, so a change that wants plain dicts back is ``RANKMESH_DISABLE=rank_tables``.
+
+    >>> t = RankTable((4, 12, 20))
+    >>> t[12], 20 in t, 5 in t, len(t), t.get(4)
+    (1, True, False, 3, 0)
+    >>> t == {4: 0, 12: 1, 20: 2}, list(t.items())
+    (True, [(4, 0), (12, 1), (20, 2)])
+    """
+
+    __slots__ = ("_members",)
+
+    def __init__(self, members: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self._members: tuple[int, ...] | None = members or None
+
+    def _filled(self) -> RankTable:
+        members = self._members
+        if members is not None:
+            dict.update(self, zip(members, range(len(members))))
+            self._members = None  # after the update: a reader meanwhile still bisects
+        return self
+
+    def _index(self, key: object) -> int:
+        """The group rank of ``key``, or -1; only while unfilled and for a plain ``int`` key (any
+        other key, e.g. ``True`` or ``3.0``, which a dict finds by equal hash, fills first)."""
+        members = self._members
+        i = bisect.bisect_left(members, key)  # type: ignore[arg-type]
+        return i if i < len(members) and members[i] == key else -1  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> int:
+        if self._members is not None and type(key) is int:
+            i = self._index(key)
+            if i < 0:
+                raise KeyError(key)
+            return i
+        return dict.__getitem__(self._filled(), key)
+
+    def __contains__(self, key: object) -> bool:
+        if self._members is not None and type(key) is int:
+            return self._index(key) >= 0
+        return dict.__contains__(self._filled(), key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if self._members is not None and type(key) is int:
+            i = self._index(key)
+            return default if i < 0 else i
+        return dict.get(self._filled(), key, default)
+
+    def __len__(self) -> int:
+        members = self._members
+        return len(members) if members is not None else dict.__len__(self)
+
+    def __iter__(self) -> Iterator[int]:
+        return dict.__iter__(self._filled())
+
+    def __reversed__(self) -> Iterator[int]:
+        return dict.__reversed__(self._filled())
+
+    def keys(self) -> Any:
+        return dict.keys(self._filled())
+
+    def values(self) -> Any:
+        return dict.values(self._filled())
+
+    def items(self) -> Any:
+        return dict.items(self._filled())
+
+    def copy(self) -> dict[int, int]:
+        return dict(dict.items(self._filled()))
+
+    def __eq__(self, other: object) -> bool:
+        return dict.__eq__(self._filled(), other)
+
+    def __ne__(self, other: object) -> bool:
+        return dict.__ne__(self._filled(), other)
+
+    __hash__ = None  # type: ignore[assignment]  (a dict)
+
+    def __repr__(self) -> str:
+        return dict.__repr__(self._filled())
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return dict, (dict(dict.items(self._filled())),)  # pickles and copies as the plain dict
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        dict.__setitem__(self._filled(), key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        dict.__delitem__(self._filled(), key)
+
+    def pop(self, *args: Any) -> Any:
+        return dict.pop(self._filled(), *args)
+
+    def popitem(self) -> tuple[Any, Any]:
+        return dict.popitem(self._filled())
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return dict.setdefault(self._filled(), key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        dict.update(self._filled(), *args, **kwargs)
+
+    def clear(self) -> None:
+        self._members = None
+        dict.clear(self)
+
+    def __or__(self, other: Any) -> Any:
+        return dict.__or__(self._filled(), other)
+
+    def __ror__(self, other: Any) -> Any:
+        return dict.__ror__(self._filled(), other)
+
+    def __ior__(self, other: Any) -> RankTable:
+        dict.update(self._filled(), other)
+        return self
+
+    def __sizeof__(self) -> int:
+        return dict.__sizeof__(self) + (0 if self._members is None else self._members.__sizeof__())
 
 
 def new_member_group(
@@ -659,11 +805,6 @@ def _split_shape() -> str | None:
 #: Which torch release's ``split_group`` :func:`split_member_group` reproduces here, or None
 #: (the bodies' hashes are checked once, by :func:`split_self_check`).
 SPLIT_SHAPE: str | None = _split_shape()
-
-
-def group_count() -> int:
-    """torch's per-rank group counter (``_world.group_count``)."""
-    return c10d._world.group_count
 
 
 def group_device_types(pg) -> set[str]:
@@ -802,7 +943,7 @@ def _split(
         store=pg.get_group_store(),
         group_name=name,
         backend_config=str(backend_config),
-        rank_mapping=dict(zip(global_ranks, range(len(global_ranks)))),
+        rank_mapping=_rank_table(ranks, global_ranks),
     )
     return pg
 

@@ -139,8 +139,9 @@ def body_unknown(what: str, fn: Any, known: Any) -> str | None:
     return None if digest in known else f"{what} has a body rankmesh does not know (hash {digest})"
 
 
-#: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches` and
-#: ``fast_groups`` (rankmesh's writes to c10d's registry, which replace no attribute).
+#: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches`, ``fast_groups``
+#: (rankmesh's writes to c10d's registry, which replace no attribute) and ``rank_tables`` (the
+#: rank tables it writes there fill themselves on first use: :class:`rankmesh._fast_groups.RankTable`).
 SWITCHES: frozenset[str] = frozenset(
     {
         "concatenate",
@@ -150,6 +151,7 @@ SWITCHES: frozenset[str] = frozenset(
         "init_process_groups",
         "init_device_mesh",
         "fast_groups",
+        "rank_tables",
     }
 )
 
