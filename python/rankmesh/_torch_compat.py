@@ -30,8 +30,9 @@ rankmesh mesh of one world, and calls torch's own function otherwise; it is inst
 the first fast mesh of a process, and only on a torch whose ``_concatenate`` the self-check
 recognises.
 
-Private torch state is read in two modules only, each with a start-up check
-(``tests/test_structure.py`` fails on a private torch name anywhere else in the package):
+Private torch state is named in two modules only, each with a start-up check
+(``tests/test_structure.py`` fails on a private torch name anywhere else in the package;
+:mod:`rankmesh.mesh` reads and sets the ``DeviceMesh`` fields listed here):
 
 - here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
   ``_READ_FIELDS``, ``_CONCATENATE_READS``; a test checks that every one :mod:`rankmesh.mesh` uses,
