@@ -138,7 +138,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "transformers": Framework(
         "transformers",
         "5.24.0",
-        ("transformers.distributed.utils",),
+        ("transformers.distributed.utils", "transformers.distributed.configuration_utils"),  # the second: lazily
         transformers_meshes,
         shape="fsdp W/8, tp 8, ep 8 (two 4-D meshes, size-1 pp and dp_replicate kept)",
     ),
@@ -164,7 +164,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "deepspeed": Framework(
         "deepspeed",
         "0.19.8",
-        ("deepspeed.comm", "deepspeed.utils.groups", "deepspeed.accelerator"),
+        ("deepspeed.comm", "deepspeed.comm.mori", "deepspeed.utils.groups", "deepspeed.accelerator"),
         deepspeed_meshes,
         shape="data_parallel W/8 x tensor_parallel 8 (AutoTP), data_parallel W/8 x sequence_parallel 8 (mesh_param)",
     ),
