@@ -553,43 +553,43 @@ def _create(
     return pg
 
 
-# The list and the members (a tuple, for rank tables) of the last member arrays seen, by identity
-# (the array is kept, so its id stays its own): a builder hands the same array for every dim with
-# the same members.
-_MEMBER_TABLES: dict[int, tuple[np.ndarray, list[int], list[tuple[int, ...]]]] = {}
+# The members, as a tuple, of the last member arrays seen, by identity (the array is kept, so its id
+# stays its own): a builder hands the same array for every dim with the same members, and each such
+# group takes its list and its rank table from the one tuple.
+_MEMBER_TABLES: dict[int, tuple[np.ndarray, tuple[int, ...]]] = {}
 #: Groups with at least this many members get a :class:`RankTable` that fills itself on first use;
 #: smaller ones a plain dict (what it saves is then below a microsecond).
 LAZY_TABLE_MIN = 64
+#: The name ``RANKMESH_DISABLE`` takes to give every group torch's plain ``{rank: group rank}`` dict.
+RANK_TABLES = "rank_tables"
+
+
+def _members_seen(ranks: np.ndarray) -> tuple[int, ...] | None:
+    hit = _MEMBER_TABLES.get(id(ranks))
+    return hit[1] if hit is not None and hit[0] is ranks else None
 
 
 def _as_list(ranks: np.ndarray) -> list[int]:
-    hit = _MEMBER_TABLES.get(id(ranks))
-    if hit is not None and hit[0] is ranks:
-        return list(hit[1])  # a copy: torch keeps what it is given
+    members = _members_seen(ranks)
+    if members is not None:
+        return list(members)  # a list of its own: torch keeps what it is given
     ranks_list = ranks.tolist()
     if len(ranks_list) >= LAZY_TABLE_MIN:  # only member lists worth keeping
         if len(_MEMBER_TABLES) >= 32:
             _MEMBER_TABLES.clear()
-        _MEMBER_TABLES[id(ranks)] = (ranks, ranks_list, [])
+        _MEMBER_TABLES[id(ranks)] = (ranks, tuple(ranks_list))
     return ranks_list
 
 
 def _rank_table(ranks: np.ndarray, ranks_list: list[int]) -> dict[int, int]:
     """torch's ``pg_group_ranks`` entry (global rank -> group rank) for sorted, unique members: a
-    :class:`RankTable` over one tuple of the members per member array, or for a small group (or
+    :class:`RankTable` over the members' one tuple per member array, or for a small group (or
     with ``RANKMESH_DISABLE=rank_tables``) the plain dict torch builds."""
     if len(ranks_list) < LAZY_TABLE_MIN or disabled(RANK_TABLES):
         return dict(zip(ranks_list, range(len(ranks_list))))
-    hit = _MEMBER_TABLES.get(id(ranks))
-    if hit is not None and hit[0] is ranks:
-        if not hit[2]:
-            hit[2].append(tuple(ranks_list))
-        return RankTable(hit[2][0])  # one table per group: torch deletes each group's entry on its own
-    return RankTable(tuple(ranks_list))
-
-
-#: The name ``RANKMESH_DISABLE`` takes to give every group torch's plain ``{rank: group rank}`` dict.
-RANK_TABLES = "rank_tables"
+    members = _members_seen(ranks)
+    # one table per group (torch deletes each group's entry on its own), sharing the members
+    return RankTable(tuple(ranks_list) if members is None else members)
 
 
 class RankTable(dict):
@@ -670,7 +670,7 @@ class RankTable(dict):
         return dict.items(self._filled())
 
     def copy(self) -> dict[int, int]:
-        return dict(dict.items(self._filled()))
+        return dict.copy(self._filled())
 
     def __eq__(self, other: object) -> bool:
         return dict.__eq__(self._filled(), other)
@@ -684,7 +684,7 @@ class RankTable(dict):
         return dict.__repr__(self._filled())
 
     def __reduce_ex__(self, protocol: Any) -> tuple:
-        return dict, (dict(dict.items(self._filled())),)  # pickles and copies as the plain dict
+        return dict, (dict.copy(self._filled()),)  # pickles and copies as the plain dict
 
     def __setitem__(self, key: Any, value: Any) -> None:
         dict.__setitem__(self._filled(), key, value)

@@ -311,19 +311,18 @@ def concatenate_unknown(fn: object = None) -> str | None:
         return "DeviceMesh._concatenate has no Python signature"
     # Its parameters, read off the code object (what inspect.signature reads, at a fraction of the
     # cost on the first call): positional, *args, keyword-only, **kwargs, in the code's own order.
-    names = iter(code.co_varnames)
-    params = [next(names) for _ in range(code.co_argcount)]
-    kwonly = [next(names) for _ in range(code.co_kwonlyargcount)]
+    varnames = iter(code.co_varnames)
+    params = [next(varnames) for _ in range(code.co_argcount)]
+    kwonly = [next(varnames) for _ in range(code.co_kwonlyargcount)]
     if code.co_flags & inspect.CO_VARARGS:
-        params.append("*" + next(names))
+        params.append("*" + next(varnames))
     params += kwonly
     if code.co_flags & inspect.CO_VARKEYWORDS:
-        params.append("**" + next(names))
+        params.append("**" + next(varnames))
     if params != ["device_mesh_list"]:
         return f"DeviceMesh._concatenate takes {params}, not ['device_mesh_list']"
     # What torch's body reads from each mesh and passes on: if one is gone, so is our reading.
-    names = set(fn.__func__.__code__.co_names)
-    missing = _CONCATENATE_READS - names
+    missing = _CONCATENATE_READS - set(code.co_names)
     if missing:
         return f"DeviceMesh._concatenate no longer reads {sorted(missing)}"
     return None
