@@ -41,7 +41,7 @@ from rankmesh.errors import (
     UnknownNameError,
 )
 from rankmesh.megatron import RankGenerator, groups, model_parallel_layout
-from rankmesh.megatron import layout as layout_module
+from rankmesh.megatron import order as order_module
 from rankmesh.megatron.hyper_comm_grid import HyperCommGrid
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from rankmesh.plan import build_plan
@@ -184,7 +184,7 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
         assert mesh[fix].mesh_dim_names == ("pp", "tp")
 
 
-# the order every hint suggests comes from one pure check, rankmesh.megatron.layout.working_order
+# the order every hint suggests comes from one pure check, rankmesh.megatron.order.working_order
 
 ORDER_NAMES = ("tp", "pp", "dp", "ep", "cp")
 BAD_ORDERS = ["", "-", "tp--dp", "tp-xp-pp", "tp-tp-pp", "tp-dp-pp-", BAD, " tp", 3, None, b"tp", ["tp", "pp"]]
@@ -231,9 +231,9 @@ def test_2_working_order_is_the_first_candidate_model_parallel_layout_builds_wit
     kw, candidates = call
     for order in candidates:
         builds = _builds(_layout(kw, order))
-        problem = layout_module.order_problem(order, **kw)
+        problem = order_module.order_problem(order, **kw)
         assert (problem is None) == builds, (order, problem)
-    works = layout_module.working_order(candidates, **kw)
+    works = order_module.working_order(candidates, **kw)
     assert works == next((c for c in candidates if _builds(_layout(kw, c))), None)
     assert works is None or any(works is c for c in candidates)  # one of them, never an order of its own
 
@@ -247,8 +247,8 @@ def test_2_working_order_of_one_rank_generator_is_the_first_it_builds_with(degre
              7: MeshLayout.world(n + 7)}.get(world)
     for order in candidates:
         builds = _builds(lambda: RankGenerator(tp, ep, dp, pp, cp, order, world=world))
-        assert (layout_module.order_problem(order, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world) is None) == builds
-    works = layout_module.working_order(candidates, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world)
+        assert (order_module.order_problem(order, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world) is None) == builds
+    works = order_module.working_order(candidates, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world)
     built = (c for c in candidates if _builds(lambda: RankGenerator(tp, ep, dp, pp, cp, c, world=world)))
     assert works == next(built, None)
 
@@ -260,36 +260,53 @@ def test_2_working_order_is_pure(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("working_order built a generator")
 
-    assert not [k for k, v in vars(layout_module).items() if isinstance(v, ContextVar)]
+    from rankmesh.megatron import layout as layout_module
+
+    assert not [k for k, v in vars(order_module).items() if isinstance(v, ContextVar)]
     for gone in ("_ORDER_PROVER", "_PROVING", "_orders_proved_by", "_first_that_works", "_proved_order"):
-        assert not hasattr(layout_module, gone)
-    # one home per order rule: the calls raise from the same _OrderCheck that order_problem renders
-    for copy in ("_names_problem", "_missing_problem", "_missing_dim_error", "_is_degree"):
-        assert not hasattr(layout_module, copy)
-    monkeypatch.setattr(layout_module, "RankGenerator", refuse)
+        assert not hasattr(order_module, gone) and not hasattr(layout_module, gone)
+    # one home per order rule: the calls raise from the same checks that order_problem renders
+    for copy in ("_names_problem", "_missing_problem", "_missing_dim_error", "_is_degree", "_names_error"):
+        assert not hasattr(order_module, copy) and not hasattr(layout_module, copy)
+    assert not hasattr(order_module, "RankGenerator")  # the rules sit below the generator
+    monkeypatch.setattr(RankGenerator, "__init__", refuse)
+    monkeypatch.setattr(RankGenerator, "_checked", refuse)
     monkeypatch.setattr(layout_module, "model_parallel_layout", refuse)
     every = BAD_ORDERS + ["tp-cp-ep-dp-pp", "tp-pp-ep-dp", "pp", object()]
     for world_size in (1, 12, 16, 17):
         for degrees in (dict(tp=2, pp=2), dict(tp=2, pp=2, ep=4), dict(pp=4, ep=2, etp=1), dict(cp=2, ep=3)):
-            assert layout_module.working_order(BAD_ORDERS, world_size, **degrees) is None
-            works = layout_module.working_order(every, world_size, **degrees)
+            assert order_module.working_order(BAD_ORDERS, world_size, **degrees) is None
+            works = order_module.working_order(every, world_size, **degrees)
             assert works is None or works in ("tp-cp-ep-dp-pp", "tp-pp-ep-dp", "pp"), works
             for order in every:
-                assert isinstance(layout_module.order_problem(order, world_size, **degrees), (str, type(None)))
-    assert layout_module.working_order(iter(["tp-dp", "tp-dp-pp"]), tp=2, dp=2, pp=2) == "tp-dp-pp"
+                assert isinstance(order_module.order_problem(order, world_size, **degrees), (str, type(None)))
+    assert order_module.working_order(iter(["tp-dp", "tp-dp-pp"]), tp=2, dp=2, pp=2) == "tp-dp-pp"
     # pp need not be last where the dense and expert pipeline groups agree; where they differ it must
     same, differ = dict(tp=2, pp=2, ep=2, etp=1), dict(tp=2, pp=4, ep=2, etp=1)
-    assert layout_module.working_order(["tp-pp-ep-dp", "tp-ep-pp-dp"], 16, **same) == "tp-ep-pp-dp"
-    assert layout_module.order_problem("tp-pp-ep-dp", 32, **differ) == (
+    assert order_module.working_order(["tp-pp-ep-dp", "tp-ep-pp-dp"], 16, **same) == "tp-ep-pp-dp"
+    assert order_module.order_problem("tp-pp-ep-dp", 32, **differ) == (
         "the order does not end with pp and the dense and expert pipeline groups differ"
     )
-    assert layout_module.working_order(["tp-pp-ep-dp", "tp-ep-pp-dp"], 32, **differ) == "tp-ep-pp-dp"
-    assert layout_module.working_order([], 8) is None
+    assert order_module.working_order(["tp-pp-ep-dp", "tp-ep-pp-dp"], 32, **differ) == "tp-ep-pp-dp"
+    assert order_module.working_order([], 8) is None
     # invalid degrees raise as the call does; world_size and dp say which call
     with pytest.raises(InvalidSizeError):
-        layout_module.working_order(["tp"], 8, tp=0)
+        order_module.working_order(["tp"], 8, tp=0)
     with pytest.raises(ArgumentTypeError):
-        layout_module.working_order(["tp"], 8, tp=2, dp=4)
+        order_module.working_order(["tp"], 8, tp=2, dp=4)
+
+
+def test_2_each_call_checks_its_order_once(monkeypatch):
+    """model_parallel_layout checks the order once for both generators, which it builds from the
+    degrees that check has read; RankGenerator checks its own once."""
+    seen = []
+    real = order_module._OrderCheck.fault
+    monkeypatch.setattr(order_module._OrderCheck, "fault", lambda self, order: seen.append(order) or real(self, order))
+    m = model_parallel_layout(16, 2, 2, expert_model_parallel_size=2, order="TP-cp-ep-dp-pp")
+    assert seen == ["TP-cp-ep-dp-pp"] and m.decoder.order == m.expert.order == "tp-cp-ep-dp-pp"
+    seen.clear()
+    RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-dp-pp")
+    assert seen == ["tp-dp-pp"]
 
 
 def test_2_every_order_error_carries_the_order_that_works():
@@ -308,8 +325,8 @@ def test_2_every_order_error_carries_the_order_that_works():
                 seen.add(e.kind)
                 works = e.ctx["works"]
                 if e.kind == "order_pp_not_last":  # the candidates: the order, pp moved last, the default
-                    candidates = layout_module._order_candidates(order.split("-"))
-                    assert works == layout_module.working_order(candidates, world_size, tp, pp, 1, ep, etp)
+                    candidates = order_module._order_candidates(order.split("-"))
+                    assert works == order_module.working_order(candidates, world_size, tp, pp, 1, ep, etp)
                 if works is None:
                     assert "no order" in str(e) and "e.g." not in str(e), str(e)
                 else:

@@ -142,6 +142,8 @@ RULE_MODULES = (
     "rankmesh.single",
     "rankmesh.topology",
     "rankmesh.megatron",
+    "rankmesh.megatron.order",
+    "rankmesh.megatron.generator",
     "rankmesh.megatron.layout",
     "rankmesh.torchtitan.layouts",
     "rankmesh.plan",

@@ -34,7 +34,7 @@ import numpy as np
 from rankmesh._check import as_rank, positive_int
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
-from rankmesh.megatron.layout import DEFAULT_ORDER, working_order
+from rankmesh.megatron.order import DEFAULT_ORDER, working_order
 from rankmesh.plan import (
     CONVENTIONS,
     DEGREE_NAMES,
@@ -173,7 +173,7 @@ def _flag_message(e: RankmeshError, typed: Mapping[str, Sequence[str]]) -> str:
 def _plan_fix(e: RankmeshError, convention: str, degrees: Mapping[str, Any] | None = None) -> str:
     """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup): the
     error's own fix with flags for argument names. For Megatron's ``--order``, the order that works
-    (:func:`~rankmesh.megatron.layout.working_order`): the one the error carries (``e.ctx["works"]``),
+    (:func:`~rankmesh.megatron.order.working_order`): the one the error carries (``e.ctx["works"]``),
     else, for an order it could not read, the default order if it works with the plan's
     ``degrees`` (``world_size`` and :func:`build_plan`'s Megatron degrees); never one not checked."""
     fix = e.fix_text(_FLAG.get) or "see `rankmesh plan --help`"

@@ -1,7 +1,9 @@
 """Megatron-core's rank conventions over :class:`~rankmesh.MeshLayout` (this package only names
-things: the layout algebra is :mod:`rankmesh.megatron.layout`, torch-free; its process groups and
-DeviceMeshes are made in one place, :mod:`rankmesh.megatron.groups`; ``initialize_model_parallel``
-is :mod:`rankmesh.megatron.parallel_state`, ``HyperCommGrid`` :mod:`rankmesh.megatron.hyper_comm_grid`).
+things: the layouts are torch-free, in three rooms: the order rules :mod:`rankmesh.megatron.order`,
+``RankGenerator`` :mod:`rankmesh.megatron.generator`, and the groups of ``initialize_model_parallel``
+:mod:`rankmesh.megatron.layout`; its process groups and DeviceMeshes are made in one place,
+:mod:`rankmesh.megatron.groups`; ``initialize_model_parallel`` is
+:mod:`rankmesh.megatron.parallel_state`, ``HyperCommGrid`` :mod:`rankmesh.megatron.hyper_comm_grid`).
 
 Megatron names its parallel dims with an *order* string such as ``"tp-cp-ep-dp-pp"``: the
 leftmost name varies fastest over the ranks. That is a row-major mesh read backwards, so a
@@ -30,18 +32,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rankmesh._lazy import lazy_getattr
+from rankmesh.megatron.generator import RankGenerator
 from rankmesh.megatron.layout import (
-    DEFAULT_ORDER,
     GROUP_DESCRIPTIONS,
-    MEGATRON_DIMS,
     ModelParallelLayout,
-    RankGenerator,
     default_embedding_ranks,
     default_position_embedding_ranks,
     model_parallel_layout,
-    order_problem,
-    working_order,
 )
+from rankmesh.megatron.order import DEFAULT_ORDER, MEGATRON_DIMS, order_problem, working_order
 
 if TYPE_CHECKING:
     from rankmesh.megatron.hyper_comm_grid import HyperCommGrid

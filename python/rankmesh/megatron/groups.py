@@ -1,5 +1,6 @@
 """Megatron's groups as torch process groups and ``DeviceMesh`` objects: the torch face of
-:mod:`rankmesh.megatron.layout`, whose rules never import a process group or a mesh.
+:mod:`rankmesh.megatron.layout` and :mod:`rankmesh.megatron.generator`, which never import a
+process group or a mesh.
 
 Every Megatron group rankmesh creates goes through :func:`group`, on one
 :class:`~rankmesh.MeshBuilder`: :func:`rankmesh.megatron.initialize_model_parallel`,
@@ -33,7 +34,8 @@ from typing import Any
 
 from rankmesh._check import type_name
 from rankmesh.errors import ArgumentTypeError, ParallelConfigError
-from rankmesh.megatron.layout import ModelParallelLayout, RankGenerator
+from rankmesh.megatron.generator import RankGenerator
+from rankmesh.megatron.layout import ModelParallelLayout
 from rankmesh.mesh import FastDeviceMesh
 from rankmesh.process_groups import MeshBuilder
 

@@ -20,7 +20,7 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
-from rankmesh.megatron.layout import _rank_arg
+from rankmesh.megatron.generator import rank_arg
 
 __all__ = ["HyperCommGrid"]
 
@@ -190,7 +190,7 @@ class HyperCommGrid:
         """``rank``'s group of ``dims`` (O(group size)), ranks in megatron-core's order; None
         for a rank outside the grid. Arguments in rankmesh's order, rank first, as
         :meth:`MeshLayout.group(rank, dim) <rankmesh.MeshLayout.group>`."""
-        _rank_arg(rank, "HyperCommGrid.my_ranks", "dims")
+        rank_arg(rank, "HyperCommGrid.my_ranks", "dims")
         ordered, _ = self._order_dims(dims)
         local = as_int(rank, "rank") - self.rank_offset
         if not 0 <= local < self.size:
