@@ -12,17 +12,16 @@ installed in ``megatron.core.parallel_state`` where megatron-core's function put
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from rankmesh._check import as_sequence, check_str
 from rankmesh._dependencies import DEPENDENCIES, unsupported, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
 from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError, UnsupportedVersionError
+from rankmesh.megatron.parallel_state_groups import MUST_BE_UNSET, Checked, make_groups
 
 __all__ = [
     "SUPPORTED_MEGATRON_CORE",
@@ -38,45 +37,7 @@ __all__ = [
 #: other gets megatron-core's own function, after one warning (:mod:`rankmesh._dependencies`).
 SUPPORTED_MEGATRON_CORE: tuple[str, ...] = DEPENDENCIES["megatron-core"].releases
 
-# The parallel_state globals megatron-core asserts are None before it builds anything.
-_MUST_BE_UNSET = (
-    "_DATA_PARALLEL_GROUP",
-    "_CONTEXT_PARALLEL_GROUP",
-    "_MODEL_PARALLEL_GROUP",
-    "_TENSOR_MODEL_PARALLEL_GROUP",
-    "_PIPELINE_MODEL_PARALLEL_GROUP",
-    "_EMBEDDING_GROUP",
-    "_POSITION_EMBEDDING_GROUP",
-    "_TENSOR_AND_DATA_PARALLEL_GROUP",
-    "_TENSOR_AND_CONTEXT_PARALLEL_GROUP",
-    "_EXPERT_MODEL_PARALLEL_GROUP",
-    "_EXPERT_TENSOR_PARALLEL_GROUP",
-    "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
-    "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
-    "_EXPERT_DATA_PARALLEL_GROUP",
-    "_EXPERT_DATA_PARALLEL_GROUP_GLOO",
-    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
-    "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-    "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-)
-
-# What the UCC pipeline backend needs in the environment (kept when already set), as
-# megatron-core 0.16 sets it up.
-_UCC_ENV_DEFAULTS = {
-    "TORCH_UCC_BLOCKING_WAIT": "none",
-    "UCC_EC_CUDA_STREAM_TASK_MODE": "driver",
-    "UCX_TLS": "ib,cuda_copy",
-}
-_UCC_ENV_FORCED = {
-    "NSYS_UCP_COMM_PARAMS": "1",
-    "UCX_RNDV_THRESH": "0",
-    "UCX_NET_DEVICES": "all",
-    "UCC_CL_BASIC_TLS": "^sharp,nccl",
-}
-
 _last_builder: Any = None
-_OWN = object()  # make(): the NCCL options configured for the group's own name
 
 
 def megatron_core_version() -> str | None:
@@ -209,31 +170,12 @@ def initialize_model_parallel(
         _stock(ps, version, args)
         return None
     c = _check(ps, args)
-    new, hybrid, builder = _make(c)
+    new, hybrid, builder = make_groups(c)
     _install(c, new, hybrid, builder)
     return builder.report()
 
 
-@dataclass(frozen=True)
-class _Checked:
-    """What :func:`_check` leaves for :func:`_make` and :func:`_install`: the arguments checked
-    and resolved, and megatron-core's ``parallel_state`` module."""
-
-    ps: Any
-    m: Any  # rankmesh.megatron.layout.ModelParallelLayout
-    world_size: int
-    rank: int
-    sharp_enabled_group: str | None
-    nccl_comm_cfgs: dict[str, Any]
-    timeout: datetime.timedelta
-    gloo: bool
-    create_all_gather_group: bool | None
-    hybrid_context_parallel: bool
-    pp_backend: str | None
-    virtual_pipeline_model_parallel_size: int | None
-
-
-def _check(ps: Any, a: dict[str, Any]) -> _Checked:
+def _check(ps: Any, a: dict[str, Any]) -> Checked:
     """Everything megatron-core checks, before any group exists, in its order; each check is a
     small function of its own arguments. Returns the configuration resolved."""
     from rankmesh.megatron.layout import model_parallel_layout
@@ -263,7 +205,7 @@ def _check(ps: Any, a: dict[str, Any]) -> _Checked:
     for pg_name in high_priority:
         ps.overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
     _check_embedding_ranks(m, rank)
-    return _Checked(
+    return Checked(
         ps=ps,
         m=m,
         world_size=world_size,
@@ -373,7 +315,7 @@ def _distributed(ps: Any) -> tuple[int, int]:
             field="default_group",
             value=None,
         )
-    for name in _MUST_BE_UNSET:
+    for name in MUST_BE_UNSET:
         if getattr(ps, name, None) is not None:
             raise MegatronStateError(
                 f"model parallelism is already initialised (parallel_state.{name} is set); call "
@@ -433,171 +375,7 @@ def _check_embedding_ranks(m: Any, rank: int) -> None:
             )
 
 
-def _make(c: _Checked) -> tuple[dict[str, Any], dict[int, Any], Any]:
-    """This rank's groups, in megatron-core's creation order: the ``parallel_state`` globals to
-    set, the hybrid-cp groups by size, and the builder that made them."""
-    import torch
-    import torch.distributed as dist
-
-    from rankmesh.megatron import groups
-    from rankmesh.megatron.layout import GROUP_DESCRIPTIONS
-
-    ps, m, rank, gloo, n_do = c.ps, c.m, c.rank, c.gloo, c.m.num_distributed_optimizer_instances
-    timeout = c.timeout
-    # SHARP may only be enabled for the first communicator created with NCCL_COLLNET_ENABLE=1.
-    os.environ.pop("NCCL_COLLNET_ENABLE", None)
-    # megatron-core's one-rank groups are real groups: the builder's size-1 rule says so
-    builder = groups.mesh_builder(m, size_one_fake=False)
-
-    def options(cfg_name: str) -> Any:
-        return ps.get_nccl_options(cfg_name, c.nccl_comm_cfgs)
-
-    def make(
-        name: str,
-        desc: str | None = None,
-        *,
-        backend: str | None = None,
-        pg_options: Any = _OWN,
-        with_timeout: bool = True,
-        tag: str | None = None,
-    ):
-        """``rank``'s group ``name`` (None for embedding groups it is not in). By default it
-        carries megatron-core's description of the group and the NCCL options configured for
-        ``name``; gloo twins pass their own description and no options."""
-        kw = dict(
-            backend=backend,
-            pg_options=options(name) if pg_options is _OWN else pg_options,
-            timeout=timeout if with_timeout else None,
-            group_desc=GROUP_DESCRIPTIONS[name] if desc is None else desc,
-            tag=tag,
-        )
-        return groups.group(builder, m, rank, name, **kw)
-
-    def ranks(name: str) -> list[int] | None:
-        g = m.group(rank, name)
-        return None if g is None else g.tolist()
-
-    new: dict[str, Any] = {}
-
-    # dp-cp first: with SHARP, only the first communicator created may use it.
-    if c.sharp_enabled_group == "dp":
-        os.environ["NCCL_COLLNET_ENABLE"] = "1"
-    new["_DATA_PARALLEL_GROUP_WITH_CP"] = make("dp_cp")
-    new["_DATA_PARALLEL_GROUP_WITH_CP_AG"] = (
-        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG", tag="all_gather") if c.create_all_gather_group else None
-    )
-    new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
-        make("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo", pg_options=None) if gloo else None
-    )
-    new["_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP"] = ranks("dp_cp")
-    if n_do > 1:
-        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = make("intra_dp_cp")
-        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = (
-            make("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO", backend="gloo", pg_options=None)
-            if gloo
-            else None
-        )
-    else:
-        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"] = new["_DATA_PARALLEL_GROUP_WITH_CP"]
-        new["_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO"] = new["_DATA_PARALLEL_GROUP_WITH_CP_GLOO"]
-    if c.sharp_enabled_group == "dp":
-        # NCCL creates communicators lazily: one collective makes the SHARP-enabled one now.
-        dist.barrier(group=new["_DATA_PARALLEL_GROUP_WITH_CP"], device_ids=[torch.cuda.current_device()])
-        torch.cuda.synchronize()
-        os.environ.pop("NCCL_COLLNET_ENABLE", None)
-
-    hybrid: dict[int, Any] = {}
-    if c.hybrid_context_parallel:
-        dp_cp = ranks("dp_cp")
-        pos = dp_cp.index(rank)
-        for size in [2**i for i in range(int(math.log2(len(dp_cp))))][1:]:
-            start = (pos // size) * size
-            hybrid[size] = builder.subset_group(
-                ("hybrid_dp_cp", size),
-                dp_cp[start : start + size],
-                name=f"hybrid_dp_cp_{size}",
-                pg_options=options("dp_cp"),
-                group_desc=f"HYBRID_DP_CP_GROUP_{size}",
-            )
-
-    new["_DATA_PARALLEL_GROUP"] = make("dp")
-    new["_DATA_PARALLEL_GROUP_GLOO"] = (
-        make("dp", "DATA_PARALLEL_GROUP_GLOO", backend="gloo", pg_options=None) if gloo else None
-    )
-    new["_DATA_PARALLEL_GLOBAL_RANKS"] = ranks("dp")
-
-    new["_CONTEXT_PARALLEL_GROUP"] = make("cp")
-    new["_CONTEXT_PARALLEL_GLOBAL_RANKS"] = ranks("cp")
-    if m.hierarchical_context_parallel_sizes:
-        new["_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS"] = [
-            make(f"hcp_l{i}", f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{i}", pg_options=options("hcp"))
-            for i in range(len(m.hierarchical_context_parallel_sizes))
-        ]
-
-    new["_MODEL_PARALLEL_GROUP"] = make("mp")
-    new["_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("mp")
-    new["_TENSOR_MODEL_PARALLEL_GROUP"] = make("tp")
-    new["_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS"] = ranks("tp")
-
-    pp_backend = c.pp_backend
-    if pp_backend == "ucc":
-        for key, value in _UCC_ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        os.environ.update(_UCC_ENV_FORCED)
-    new["_PIPELINE_MODEL_PARALLEL_GROUP"] = make(
-        "pp",
-        "PIPELINE_MODEL_PARALLEL_GROUP",
-        backend=pp_backend,
-        pg_options=None if pp_backend == "ucc" else options("pp"),
-    )
-    new["_PIPELINE_GLOBAL_RANKS"] = ranks("pp")
-    new["_EMBEDDING_GROUP"] = make("embd")
-    new["_EMBEDDING_GLOBAL_RANKS"] = ranks("embd")
-    new["_POSITION_EMBEDDING_GROUP"] = make("pos_embd")
-    new["_POSITION_EMBEDDING_GLOBAL_RANKS"] = ranks("pos_embd")
-
-    new["_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"] = make("tp_dp_cp")
-    new["_TENSOR_AND_DATA_PARALLEL_GROUP"] = make("tp_dp")
-    new["_TENSOR_AND_CONTEXT_PARALLEL_GROUP"] = make("tp_cp")
-
-    # -- expert groups -----------------------------------------------------------------------------
-    new["_EXPERT_MODEL_PARALLEL_GROUP"] = make("ep")
-    new["_EXPERT_MODEL_PARALLEL_RANKS"] = ranks("ep")
-    new["_EXPERT_TENSOR_PARALLEL_GROUP"] = make("ep_tp")
-    new["_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"] = make("tp_ep_mp")
-    new["_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"] = make("tp_ep_pp")
-    new["_EXPERT_DATA_PARALLEL_GROUP"] = make("ep_dp")
-    # megatron-core gives this gloo group no timeout (the backend's default).
-    new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = (
-        make("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", backend="gloo", pg_options=None, with_timeout=False)
-        if gloo
-        else None
-    )
-    if n_do > 1:
-        if c.sharp_enabled_group == "dp_replica":
-            os.environ["NCCL_COLLNET_ENABLE"] = "1"
-        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("intra_ep_dp")
-        # megatron-core also creates a level-1 gloo group but keeps no reference to it: not made here.
-        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = (
-            make("intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L0", backend="gloo", pg_options=None)
-            if gloo
-            else None
-        )
-        new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = make("inter_ep_dp")
-        if c.sharp_enabled_group == "dp_replica":
-            inter = new["_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"]
-            dist.barrier(group=inter, device_ids=[torch.cuda.current_device()])
-            torch.cuda.synchronize()
-            os.environ.pop("NCCL_COLLNET_ENABLE", None)
-    else:
-        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"] = new["_EXPERT_DATA_PARALLEL_GROUP"]
-        new["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO"] = new["_EXPERT_DATA_PARALLEL_GROUP_GLOO"]
-    new["_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] = make("intra_dist_opt_instance")
-
-    return new, hybrid, builder
-
-
-def _install(c: _Checked, new: dict[str, Any], hybrid: dict[int, Any], builder: Any) -> None:
+def _install(c: Checked, new: dict[str, Any], hybrid: dict[int, Any], builder: Any) -> None:
     """Sets megatron-core's ``parallel_state`` globals all at once, as its own call leaves them."""
     import torch.distributed as dist
 
