@@ -26,8 +26,8 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
+from rankmesh.job_plan import _first_shared_rank
 from rankmesh.plan import (
-    _first_shared_rank,
     build_job_plan,
     count_mesh_groups,
     format_group,

@@ -146,6 +146,8 @@ RULE_MODULES = (
     "rankmesh.megatron.generator",
     "rankmesh.megatron.layout",
     "rankmesh.torchtitan.layouts",
+    "rankmesh._plan_parts",
+    "rankmesh.job_plan",
     "rankmesh.plan",
     "rankmesh._picture",
 )

@@ -3,7 +3,7 @@ matplotlib, an optional extra (``pip install 'rankmesh[plot]'``).
 
 Up to :data:`FULL_PICTURE_LIMIT` ranks the picture is the whole grid of nodes x GPUs, every rank
 coloured by its group in one dim and the caller's group outlined; above, it is the caller's node
-and its group in every dim of one mesh. A job of disjoint meshes (:class:`~rankmesh.plan.JobPlan`,
+and its group in every dim of one mesh. A job of disjoint meshes (:class:`~rankmesh.job_plan.JobPlan`,
 :func:`draw_job_picture`) is drawn with a colour per mesh: the grid, each mesh's ranks in its
 colour, shaded by their group in one dim; above the limit, a bar of the world with each mesh's
 span.
@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from rankmesh._native import MeshLayout
-from rankmesh.plan import JobPlan, PlacedMesh, Plan
+from rankmesh.job_plan import JobPlan, PlacedMesh
+from rankmesh.plan import Plan
 
 __all__ = ["FULL_PICTURE_LIMIT", "INSTALL", "draw_job_picture", "draw_picture", "pyplot"]
 

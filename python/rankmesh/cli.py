@@ -34,18 +34,9 @@ import numpy as np
 from rankmesh._check import as_rank, positive_int
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
+from rankmesh.job_plan import DEGREE_NAMES, MESH_SYNTAX, build_job_plan, format_job_plan, job_topology
 from rankmesh.megatron.order import DEFAULT_ORDER, working_order
-from rankmesh.plan import (
-    CONVENTIONS,
-    DEGREE_NAMES,
-    MESH_SYNTAX,
-    build_job_plan,
-    build_plan,
-    format_job_plan,
-    format_plan,
-    job_topology,
-    plan_topology,
-)
+from rankmesh.plan import CONVENTIONS, build_plan, format_plan, plan_topology
 from rankmesh.topology import gpus_per_node_from_env
 
 __all__ = ["main", "PLAN_LIMIT"]

@@ -7,7 +7,8 @@ This is what ``rankmesh plan`` prints (:mod:`rankmesh.cli` only parses the comma
 typed :class:`~rankmesh.errors.RankmeshError`; :func:`count_process_groups` counts groups by
 the rule :class:`~rankmesh.process_groups.MeshBuilder` creates them by
 (:func:`rankmesh._groups.group_key`); :func:`format_group` abbreviates a group;
-:func:`format_plan` is the whole text::
+:func:`format_plan` is the whole text. ``rankmesh plan --mesh``'s job of disjoint meshes, each
+over part of the world, is :mod:`rankmesh.job_plan`, whose names are importable from here too::
 
     >>> from rankmesh.plan import build_plan, count_process_groups, format_group, format_plan
     >>> plan = build_plan("torchtitan", 64, tp=4, pp=2)
@@ -29,31 +30,27 @@ the rule :class:`~rankmesh.process_groups.MeshBuilder` creates them by
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
-import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from rankmesh._check import as_sequence, check_str, positive_int
+from rankmesh._check import check_str
 from rankmesh._groups import DEFAULT, group_key, is_fake
 from rankmesh._native import MeshLayout
-from rankmesh.errors import (
-    DuplicateNameError,
-    InvalidSizeError,
-    MeshArgumentError,
-    ParallelConfigError,
-    RankmeshError,
-    RankOutOfRangeError,
-    SizeMismatchError,
-    UnknownNameError,
+from rankmesh._plan_parts import WHOLE_WORLD_LIMIT, GroupCount, format_group
+from rankmesh.errors import ParallelConfigError, UnknownNameError
+from rankmesh.job_plan import (  # the job of disjoint meshes (--mesh), importable from here too
+    DEGREE_NAMES,
+    MESH_SYNTAX,
+    JobPlan,
+    PlacedMesh,
+    build_job_plan,
+    count_mesh_groups,
+    format_job_plan,
+    job_topology,
 )
 from rankmesh.megatron import DEFAULT_ORDER, model_parallel_layout
 from rankmesh.single import single_mesh
-from rankmesh.topology import TopologyReport, topology_report, whole_nodes
+from rankmesh.topology import TopologyReport, topology_report
 from rankmesh.torchtitan import layouts as _tt
 
 __all__ = [
@@ -76,8 +73,6 @@ __all__ = [
 ]
 
 CONVENTIONS = ("torchtitan", "megatron", "single")
-#: Above this world size the whole-world topology check (O(W) per dim) is skipped.
-WHOLE_WORLD_LIMIT = 1 << 22
 
 
 # -----------------------------------------------------------------------------------------------
@@ -268,23 +263,6 @@ def build_plan(
 # -----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class GroupCount:
-    """Process groups one rank creates for a plan, one per distinct (partition, backend)."""
-
-    real: list[list[str]]  # each entry: the "mesh.dim" labels sharing one real group
-    fake: list[list[str]]
-    default: list[str]  # dims spanning the world: served by the default group
-
-    @property
-    def created(self) -> int:
-        return len(self.real) + len(self.fake)
-
-    def shared(self) -> list[list[str]]:
-        """The groups that serve more than one dim (real ones first)."""
-        return [g for g in self.real + self.fake if len(g) > 1]
-
-
 def count_process_groups(plan: Plan) -> GroupCount:
     """What rankmesh's torch layer creates for the plan, by its rule
     (:func:`rankmesh._groups.group_key`): dims spanning the world reuse the default group; other
@@ -312,25 +290,6 @@ def count_process_groups(plan: Plan) -> GroupCount:
 # -----------------------------------------------------------------------------------------------
 # text
 # -----------------------------------------------------------------------------------------------
-
-
-def format_group(ranks: Sequence[int] | np.ndarray, limit: int = 8) -> str:
-    """``[0, 1, ..., 7] (8 ranks)``: short groups in full, long ones abbreviated (an arithmetic
-    progression by its first two and last member, anything else by its first four and last).
-    The one abbreviation of a group in rankmesh (``rankmesh plan`` and the demo)."""
-    r = [int(x) for x in ranks]
-    n = len(r)
-    unit = "rank" if n == 1 else "ranks"
-    if n <= 4:
-        return f"[{', '.join(map(str, r))}] ({n} {unit})"
-    diffs = np.diff(np.asarray(r, dtype=np.int64))
-    if np.all(diffs == diffs[0]):
-        body = f"{r[0]}, {r[1]}, ..., {r[-1]}"
-    elif n <= limit:
-        body = ", ".join(map(str, r))
-    else:
-        body = ", ".join(map(str, r[:4])) + f", ..., {r[-1]}"
-    return f"[{body}] ({n} {unit})"
 
 
 def plan_topology(
@@ -403,349 +362,3 @@ def format_plan(plan: Plan, rank: int, report: TopologyReport) -> str:
         w(f"  (whole-world check skipped above {WHOLE_WORLD_LIMIT} ranks)\n")
     return "".join(lines)
 
-
-# -----------------------------------------------------------------------------------------------
-# a job of disjoint meshes, each over part of the world (``rankmesh plan --mesh``)
-# -----------------------------------------------------------------------------------------------
-
-#: The dims a mesh spec may name (``dp-replicate`` is read as ``dp_replicate``).
-DEGREE_NAMES = ("pp", "dp", "dp_replicate", "dp_shard", "fsdp", "cp", "tp", "ep", "etp")
-#: How one mesh of a job is written: a label, the ranks as Python's ``range(START, STOP, STEP)``,
-#: and its dims slowest first (one size may be -1: the rest); no dims: the 1-D mesh ``world``.
-MESH_SYNTAX = "NAME=START:STOP[:STEP][:DIM=SIZE,...]"
-_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_INT = re.compile(r"-?[0-9]+")
-
-
-@dataclass(frozen=True)
-class PlacedMesh:
-    """One mesh of a job: the ``spec`` as written, its ``label``, its ranks (a ``range``, O(1))
-    and its layout over them, ``MeshLayout.placed(world, start, [(len, step)])`` unflattened into
-    its dims; what ``init_device_mesh(..., ranks=ranks)`` builds."""
-
-    spec: str
-    label: str
-    ranks: range
-    layout: MeshLayout
-
-    def span(self) -> str:
-        """``0..7``, or ``1..15 step 2``."""
-        r = self.ranks
-        return f"{r[0]}..{r[-1]}" + (f" step {r.step}" if r.step > 1 else "")
-
-    def dims(self) -> str:
-        """``dp=2, tp=4``; a size-1 dim (a fake-backend group) starred."""
-        sizes = zip(self.layout.names, self.layout.shape)
-        return ", ".join(f"{n}={size}{'*' if size == 1 else ''}" for n, size in sizes)
-
-
-@dataclass
-class JobPlan:
-    """The disjoint meshes of one job of ``world_size`` ranks, by label (:func:`build_job_plan`)."""
-
-    world_size: int
-    meshes: dict[str, PlacedMesh]
-    notes: list[str] = field(default_factory=list)
-
-    def mesh_of(self, rank: int) -> PlacedMesh | None:
-        """The mesh holding ``rank``, or None (O(meshes))."""
-        return next((m for m in self.meshes.values() if m.layout.is_member(rank)), None)
-
-    @property
-    def outside(self) -> int:
-        """Ranks of the world in no mesh."""
-        return self.world_size - sum(len(m.ranks) for m in self.meshes.values())
-
-    def find_dim(self, dim: str) -> tuple[str, str]:
-        """``"tp"`` or ``"teachers.tp"`` -> (mesh label, dim name): the first mesh holding it.
-        Raises :class:`~rankmesh.errors.UnknownNameError`."""
-        check_str(dim, "dim")
-        label, _, name = dim.rpartition(".")
-        for m in self.meshes.values():
-            if name in m.layout.names and label in ("", m.label):
-                return m.label, name
-        first = next(iter(self.meshes.values()))
-        choices = sorted({n for m in self.meshes.values() for n in m.layout.names})
-        raise UnknownNameError(
-            f"{dim!r} is not a dim of the job's meshes; use one of {', '.join(choices)} "
-            f"(or mesh.dim, e.g. {first.label}.{first.layout.names[-1]})",
-            field="dim",
-            value=dim,
-            fix=f"pass a dim of a mesh, e.g. {{dim={first.layout.names[-1]}}}",
-        )
-
-
-def _mesh_error(cls: type[RankmeshError], spec: str, why: str, fix: str, *, kind: str | None = None) -> RankmeshError:
-    """An error of one mesh spec: the message names it as ``mesh 'spec'`` (``rankmesh plan``
-    prints ``--mesh 'spec'``), ``field`` is ``"mesh"`` and ``value`` the spec."""
-    return cls(f"mesh {spec!r}: {why}", field="mesh", value=spec, kind=kind, fix=fix)
-
-
-def _spec(label: str, r: range, dims: Sequence[tuple[str, int]]) -> str:
-    """The spec text of a mesh (for fixes)."""
-    step = f":{r.step}" if r.step != 1 else ""
-    degrees = ":" + ",".join(f"{n}={s}" for n, s in dims) if dims else ""
-    return f"{label}={r.start}:{r.stop}{step}{degrees}"
-
-
-def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]]]:
-    """``students=0:8:dp=2,tp=4`` -> ``("students", range(0, 8), [("dp", 2), ("tp", 4)])``,
-    checked against a world of ``world`` ranks (sizes not yet against the range)."""
-    check_str(spec, "mesh")
-    example = f"{{mesh=students=0:{max(1, world // 2)}:dp=-1}}"
-    label, eq, rest = spec.partition("=")
-    if not eq or not _LABEL.fullmatch(label):
-        why = "it has no NAME= before the ranks" if not eq or not label else f"{label!r} is not a mesh name"
-        raise _mesh_error(
-            MeshArgumentError, spec, f"{why}; write {MESH_SYNTAX}",
-            f"name the mesh with a letter first, then its ranks, e.g. {example}", kind="mesh_syntax",
-        )
-    parts = rest.split(":")
-    dims_text = parts.pop() if "=" in parts[-1] else None
-    if len(parts) not in (2, 3) or not all(_INT.fullmatch(p) for p in parts):
-        raise _mesh_error(
-            MeshArgumentError, spec, f"{rest!r} is not START:STOP[:STEP][:DIM=SIZE,...] with integer ranks",
-            f"write the ranks as START:STOP (STOP excluded) and the dims last, e.g. {example}", kind="mesh_syntax",
-        )
-    start, stop, step = (int(p) for p in parts + ["1"] * (3 - len(parts)))
-    dims: list[tuple[str, int]] = []
-    for item in [] if dims_text is None else dims_text.split(","):
-        name, eq, size = item.partition("=")
-        name = name.replace("-", "_")
-        if not eq or not _INT.fullmatch(size):
-            raise _mesh_error(
-                MeshArgumentError, spec, f"{item!r} is not DIM=SIZE",
-                f"give the dims as DIM=SIZE, comma-separated, slowest first, e.g. {example}", kind="mesh_syntax",
-            )
-        if name not in DEGREE_NAMES:
-            close = difflib.get_close_matches(name, DEGREE_NAMES, n=1)
-            hint = f"{close[0]} instead of {name}" if close else f"a dim named {', '.join(DEGREE_NAMES)}"
-            raise _mesh_error(UnknownNameError, spec, f"{name!r} is not a dim name; use {', '.join(DEGREE_NAMES)}",
-                              f"write {hint}")
-        if name in (n for n, _ in dims):
-            raise _mesh_error(DuplicateNameError, spec, f"it names {name} twice", f"give {name} once")
-        if int(size) < 1 and int(size) != -1:
-            raise _mesh_error(
-                InvalidSizeError, spec, f"{name}={size}: a size is >= 1 (or -1: the rest)",
-                f"use {name}=1 for no {name}, or {name}=-1 for the ranks the other dims leave",
-                kind="degree_not_positive",
-            )
-        dims.append((name, int(size)))
-    if step < 1:
-        raise _mesh_error(InvalidSizeError, spec, f"step {step} is not >= 1", "use a step >= 1 (1: every rank)",
-                          kind="empty_mesh")
-    ranks = range(start, stop, step)
-    if not ranks:
-        fix = f"put STOP after START, e.g. {{mesh={_spec(label, range(stop, start, step), dims)}}}"
-        if start == stop:
-            fix = f"put STOP after START: {label}={start}:{start + 1} is rank {start} alone"
-        raise _mesh_error(
-            InvalidSizeError, spec, f"range({start}, {stop}, {step}) holds no rank", fix, kind="empty_mesh"
-        )
-    if start < 0 or ranks[-1] >= world:
-        where = f"starts at {start}" if start < 0 else f"reaches rank {ranks[-1]}"
-        raise _mesh_error(
-            RankOutOfRangeError, spec, f"it {where}, outside the world of {world} ranks (0..{world - 1})",
-            f"keep its ranks in 0..{world - 1} (STOP is excluded: at most {world}), or pass a larger {{world_size}}",
-        )
-    return label, ranks, dims
-
-
-def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """The dims with -1 resolved; their product must be the number of ranks (no dims: 1-D)."""
-    n = len(ranks)
-    rest = [name for name, size in dims if size == -1]
-    given = [(name, size) for name, size in dims if size != -1]
-    known = math.prod(size for _, size in given)
-    if len(rest) > 1:
-        raise _mesh_error(
-            SizeMismatchError, spec, f"{' and '.join(rest)} are both -1; one dim at most takes the rest",
-            f"give every size but one, e.g. {rest[0]}=-1 and {rest[1]}=1",
-        )
-    if not dims or (rest and n % known == 0) or (not rest and known == n):
-        return [(name, n // known if size == -1 else size) for name, size in dims]
-    if len(given) == 1:
-        product = f"{given[0][0]}={known}"
-    else:
-        product = f"{'*'.join(name for name, _ in given)} = {'*'.join(str(size) for _, size in given)} = {known}"
-    what = "does not divide" if rest else "is not"
-    fill = rest[0] if rest else dims[-1][0] if len(dims) == 1 else dims[0][0]
-    fit = _spec(label, range(ranks.start, ranks.start + known * ranks.step, ranks.step), dims)
-    raise _mesh_error(
-        SizeMismatchError, spec, f"{product} {what} its {n} ranks ({ranks[0]}..{ranks[-1]})",
-        f"make the sizes multiply to {n} ({fill}=-1 takes the rest), or give it {known} ranks: {{mesh={fit}}}",
-    )
-
-
-def _first_shared_rank(a: range, b: range) -> int | None:
-    """The least rank in both ranges (steps >= 1), by the Chinese remainder theorem: O(log step)."""
-    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
-    g = math.gcd(a.step, b.step)
-    if lo > hi or (b.start - a.start) % g:
-        return None
-    m = b.step // g  # x = a.start + a.step * t with a.step * t = b.start - a.start (mod b.step)
-    t = (b.start - a.start) // g * pow(a.step // g, -1, m) % m
-    x, period = a.start + a.step * t, a.step // g * b.step  # x < a.start + period <= lo + period
-    if x < lo:
-        x += -(-(lo - x) // period) * period
-    return x if x <= hi else None
-
-
-def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
-    """The disjoint meshes of a job of ``world_size`` ranks, each written as
-    :data:`MESH_SYNTAX`; each layout is ``MeshLayout.placed(world, start, [(len, step)])``
-    unflattened into its dims (O(ndim), whatever the world). Knowledge distillation on 16 ranks,
-    students on ranks 0-7 as (dp, tp), teachers on 8-15::
-
-        >>> job = build_job_plan(16, ["students=0:8:dp=2,tp=4", "teachers=8:16:dp=-1,tp=2"])
-        >>> t = job.meshes["teachers"]
-        >>> t.span(), t.dims(), t.layout.group(13, "tp").tolist(), job.mesh_of(3).label
-        ('8..15', 'dp=4, tp=2', [12, 13], 'students')
-        >>> build_job_plan(16, ["students=0:10:dp=2,tp=4"])  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        rankmesh.errors.SizeMismatchError: mesh 'students=0:10:dp=2,tp=4': dp*tp = 2*4 = 8 is not its 10 ranks (0..9)
-
-    Each spec's faults are typed errors with ``field="mesh"`` and ``value`` the spec: syntax
-    (:class:`~rankmesh.errors.MeshArgumentError`), an empty range or a size < 1 but -1
-    (:class:`~rankmesh.errors.InvalidSizeError`), ranks outside the world
-    (:class:`~rankmesh.errors.RankOutOfRangeError`), a dim not in :data:`DEGREE_NAMES`
-    (:class:`~rankmesh.errors.UnknownNameError`), sizes that do not multiply to the ranks
-    (:class:`~rankmesh.errors.SizeMismatchError`), a label or dim given twice
-    (:class:`~rankmesh.errors.DuplicateNameError`), meshes sharing a rank
-    (:class:`~rankmesh.errors.MeshArgumentError`, kind ``"meshes_overlap"``).
-    """
-    world = positive_int(world_size, "world_size")
-    meshes = as_sequence(meshes, "meshes", "mesh specs (str)")
-    if not meshes:
-        raise MeshArgumentError(
-            "a job needs at least one mesh", field="mesh", value=meshes, fix=f"give each mesh as {MESH_SYNTAX}"
-        )
-    out: dict[str, PlacedMesh] = {}
-    for spec in meshes:
-        label, ranks, dims = _parse_mesh(spec, world)
-        dims = _sizes(spec, label, ranks, dims)
-        if label in out:
-            raise _mesh_error(DuplicateNameError, spec, f"a second mesh named {label!r}",
-                              f"name each mesh once, e.g. {{mesh={label}2{spec[len(label):]}}}")
-        for other in out.values():
-            shared = _first_shared_rank(other.ranks, ranks)
-            if shared is None:
-                continue
-            (a, ra), (b, rb) = sorted([(other.label, other.ranks), (label, ranks)], key=lambda m: m[1].start)
-            if ra.step == rb.step == 1:
-                fix = f"stop {a} at {rb.start}, or start {b} at {ra.stop}"
-            else:
-                fix = "give each mesh ranks of its own (a job's meshes are disjoint)"
-            raise _mesh_error(
-                MeshArgumentError, spec,
-                f"it shares rank {shared} with mesh {other.spec!r} ({other.span()}); the meshes of a job are disjoint",
-                fix, kind="meshes_overlap",
-            )
-        layout = MeshLayout.placed(world, ranks.start, [(len(ranks), ranks.step)])
-        if dims:
-            layout = layout.unflatten("world", [s for _, s in dims], [n for n, _ in dims])
-        out[label] = PlacedMesh(spec, label, ranks, layout)
-    return JobPlan(world, out)
-
-
-def count_mesh_groups(job: JobPlan, label: str) -> GroupCount:
-    """The process groups ``init_device_mesh(..., ranks=...)`` creates for one mesh of the job,
-    by rankmesh's rule (:func:`rankmesh._groups.group_key`: one per distinct partition and dim
-    name; size-1 dims on the fake backend; keys hold the placement, so no two meshes share).
-    A member creates them; any other rank takes the same steps without joining (a one-rank fake
-    placeholder each on the new_group path, its part of an NCCL split on the split path)."""
-    lay = job.meshes[label].layout
-    keys: dict[tuple, list[str]] = {}
-    default: list[str] = []
-    for i, name in enumerate(lay.names):
-        key = group_key(lay, i, world_size=job.world_size, mesh_dim_name=name)
-        (default if key == DEFAULT else keys.setdefault(key, [])).append(f"{label}.{name}")
-    real = [tags for key, tags in keys.items() if not is_fake(key)]
-    fake = [tags for key, tags in keys.items() if is_fake(key)]
-    return GroupCount(real, fake, default)
-
-
-def job_topology(job: JobPlan, rank: int, gpus_per_node: int) -> TopologyReport:
-    """Where ``rank``'s groups sit on nodes of ``gpus_per_node`` ranks (node of rank r:
-    ``r // gpus_per_node``): its mesh's dims, none when it is in no mesh; every group of the mesh
-    too up to :data:`WHOLE_WORLD_LIMIT` ranks. Raises :class:`~rankmesh.errors.TopologyError`
-    when the world is not a whole number of nodes."""
-    gpn = whole_nodes(job.world_size, gpus_per_node)
-    whole = job.world_size <= WHOLE_WORLD_LIMIT
-    mine = job.mesh_of(rank)
-    if mine is not None:  # its mesh, placed in the job: topology's own report
-        return topology_report({mine.label: mine.layout}, rank, gpn, whole_world=whole)
-    return TopologyReport(gpn, job.world_size // gpn, rank, rank // gpn, (), whole)
-
-
-def format_job_plan(job: JobPlan, rank: int, report: TopologyReport) -> str:
-    """The text of ``rankmesh plan --mesh ...``: a line per mesh (ranks, dims, the process groups
-    ``rank`` creates for it), ``rank``'s mesh, coordinate and groups, and ``report`` (from
-    :func:`job_topology`)::
-
-        >>> job = build_job_plan(16, ["students=0:8:dp=2,tp=4", "teachers=8:16:dp=4,tp=2"])
-        >>> text = format_job_plan(job, 13, job_topology(job, 13, 8))
-        >>> print(text[text.index("rank 13 is in"):text.index("process groups on")].strip())
-        rank 13 is in teachers, at dp=2, tp=1
-          teachers.dp  [9, 11, 13, 15] (4 ranks)
-          teachers.tp  [12, 13] (2 ranks)
-          students     - (not a member: its ranks are 0..7)
-    """
-    lines: list[str] = []
-    w = lines.append
-    n = len(job.meshes)
-    w(f"rankmesh plan: {n} mesh{'es' if n > 1 else ''} over a world of {job.world_size} ranks, rank {rank}\n\n")
-    w("meshes (dims slowest first; * = size 1, fake backend)\n")
-    mine = job.mesh_of(rank)
-    width = max(len(label) for label in job.meshes)
-    spans = [f"ranks {m.span()}" for m in job.meshes.values()]
-    sw, dw = max(map(len, spans)), max(len(m.dims()) + 2 for m in job.meshes.values())
-    counts = {label: count_mesh_groups(job, label) for label in job.meshes}
-    for (label, m), span in zip(job.meshes.items(), spans):
-        c = counts[label]
-        if m is mine:
-            here = f"rank {rank} creates {c.created} process group{'s' if c.created != 1 else ''}"
-            here += f" ({len(c.real)} real + {len(c.fake)} fake)"
-        else:
-            here = f"rank {rank} is not a member: {c.created} placeholder{'s' if c.created != 1 else ''}"
-        w(f"  {label:<{width}}  {span:<{sw}}  {'[' + m.dims() + ']':<{dw}}  {here}\n")
-    if job.outside:
-        w(f"  {job.outside} of the world's ranks are in no mesh\n")
-    else:
-        w("  every rank of the world is in one mesh\n")
-    for note in job.notes:
-        w(f"  note: {note}\n")
-
-    if mine is None:
-        w(f"\nrank {rank} is in no mesh\n")
-    else:
-        coord = ", ".join(f"{d}={c}" for d, c in zip(mine.layout.names, mine.layout.coordinate_of(rank)))
-        w(f"\nrank {rank} is in {mine.label}, at {coord}\n")
-    tags = [f"{mine.label}.{d}" for d in mine.layout.names] if mine is not None else []
-    tw = max(len(t) for t in tags + list(job.meshes))
-    for i, tag in enumerate(tags):
-        w(f"  {tag:<{tw}}  {format_group(mine.layout.group(rank, i))}\n")  # type: ignore[union-attr]
-    for m in job.meshes.values():
-        if m is not mine:
-            w(f"  {m.label:<{tw}}  - (not a member: its ranks are {m.span()})\n")
-
-    made = counts[mine.label] if mine is not None else GroupCount([], [], [])
-    steps = sum(c.created for label, c in counts.items() if mine is None or label != mine.label)
-    w(
-        f"\nprocess groups on rank {rank}: {made.created + steps} ({len(made.real)} real + "
-        f"{len(made.fake) + steps} fake), one per distinct rank partition and dim name of each mesh\n"
-    )
-    if steps:
-        note = (
-            f"{steps} of them are placeholders: a rank outside a mesh takes its members' steps (a one-rank fake "
-            "group each, or its part of an NCCL split), so that torch's group names stay in step"
-        )
-        w(textwrap.fill(note, width=100, initial_indent="  ", subsequent_indent="  ") + "\n")
-    if any(c.default for c in counts.values()):
-        w(f"  default group (whole world): {', '.join(t for c in counts.values() for t in c.default)}\n")
-
-    w(f"\ntopology: {report.format() if report.dims else report.format().splitlines()[0]}\n")
-    if not report.whole_world and report.dims:
-        w(f"  (whole-mesh check skipped above {WHOLE_WORLD_LIMIT} ranks)\n")
-    return "".join(lines)
