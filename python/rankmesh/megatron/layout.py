@@ -429,16 +429,17 @@ def model_parallel_layout(
     :class:`~rankmesh.SizeMismatchError` (a ``RuntimeError``, like Megatron; ``field`` is
     ``"world_size"``, ``value`` the world size) when ``world_size`` is not a multiple of tp*pp*cp
     or of expert_tp*ep*pp: rankmesh's one class for degrees that do not fit the world, in every
-    convention. Raises :class:`ParallelConfigError` (a ``RuntimeError``, like Megatron) when a
-    virtual pipeline is asked without pp > 1; and its subclass :class:`MegatronConfigError`
-    (also an ``AssertionError``, like Megatron's asserts) when the order does not end with pp and
-    pp > 1 and the dense and expert dp sizes differ, when the dense and expert pipeline groups
-    differ (both of kind ``"order_pp_not_last"``; these and an order that leaves out a dim carry the
-    order that works for this call, :func:`working_order`'s, in ``e.ctx["works"]``, or None), when
-    dp*cp or the expert dp is not a multiple of
-    ``num_distributed_optimizer_instances``, and when the hierarchical cp sizes do not multiply to
-    cp. A degree that is not an int raises :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``)
-    and one < 1 :class:`~rankmesh.InvalidSizeError`.
+    convention. Raises :class:`~rankmesh.errors.ParallelConfigError` (a ``RuntimeError``, like
+    Megatron) when a virtual pipeline is asked without pp > 1; and its subclass
+    :class:`~rankmesh.errors.MegatronConfigError` (also an ``AssertionError``, like Megatron's
+    asserts) when the order does not end with pp and pp > 1 and the dense and expert dp sizes
+    differ, when the dense and expert pipeline groups differ (both of kind ``"order_pp_not_last"``;
+    these and an order that leaves out a dim carry the order that works for this call,
+    :func:`~rankmesh.megatron.working_order`'s, in ``e.ctx["works"]``, or None), when dp*cp or the
+    expert dp is not a multiple of ``num_distributed_optimizer_instances``, and when the
+    hierarchical cp sizes do not multiply to cp. A degree that is not an int raises
+    :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``) and one < 1
+    :class:`~rankmesh.InvalidSizeError`.
 
     Example, Megatron's hierarchical context-parallel groups: cp = 4 over 8 ranks, split into
     levels of 2 and 2. On ranks 0-3 the cp group is ``[0, 1, 2, 3]``, on ranks 4-7
