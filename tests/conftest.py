@@ -17,7 +17,7 @@ builder, a 2x4 layout and a fast DeviceMesh of it; the malformed-input tests' se
 
 ``meshfakesplit``: the same group registered for ``cpu`` and ``cuda``, for the ``split_group``
 path on CPU: a default group bound to ``cuda`` (as ``device_id=`` binds NCCL's) needs a backend
-for ``cuda``; torch 2.15's fake group can split, 2.13's cannot.
+for ``cuda``; torch 2.15's fake group can split, 2.13's and 2.14's cannot (``fake_group_splits``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ def _create_meshfake_pg(common_opts, backend_opts):
     from torch._C._distributed_c10d import FakeProcessGroup
 
     return FakeProcessGroup._create_internal(common_opts.group_rank, common_opts.group_size, backend_opts)
+
+
+def fake_group_splits(pg: Any) -> bool:
+    """Whether torch's ``split_group`` can split the fake group ``pg``: torch 2.15's can; 2.13's
+    backend says it cannot (``supports_splitting`` is False), and 2.14's says it can but torch's
+    split then finds no backend to split ("No backend for the parent process group or its backend
+    does not support splitting"), so tests of the split path skip on both."""
+    import torch
+
+    if torch.torch_version.TorchVersion(torch.__version__) < (2, 15):
+        return False
+    return bool(getattr(pg._get_backend(torch.device("cpu")), "supports_splitting", False))
 
 
 @contextlib.contextmanager

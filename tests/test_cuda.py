@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SPLITFAKE, fake_world
+from tests.conftest import SPLITFAKE, fake_group_splits, fake_world
 from tests.mp import rankmesh_mp as mp
 
 torch = pytest.importorskip("torch")
@@ -195,7 +195,7 @@ def test_split_group_path_on_a_fake_one_rank_world(monkeypatch):
     cuda as ``meshfakesplit``) whose default group is bound to cuda:0, as ``device_id=`` binds
     it for NCCL, so MeshBuilder takes the split path and torch really runs split_group."""
     with fake_world(1, 0, SPLITFAKE) as default:
-        if not getattr(default._get_backend(torch.device("cpu")), "supports_splitting", False):
+        if not fake_group_splits(default):
             pytest.skip(f"the fake backend of torch {torch.__version__} cannot split (2.15's can)")
         default.bound_device_id = torch.device("cuda", 0)
         split_groups_on_a_world_of_one(torch.device("cpu"), monkeypatch)

@@ -223,8 +223,8 @@ def test_an_unread_release_keeps_torch(monkeypatch):
     from rankmesh import _dependencies, _once
 
     _once.forget()
-    monkeypatch.setattr(_dependencies, "_versions", {"torch": "2.14.1"})
-    assert "2.14.1 is not a release this patch has read" in devicemesh.INIT_PROCESS_GROUPS.unknown()
+    monkeypatch.setattr(_dependencies, "_versions", {"torch": "2.16.0"})
+    assert "2.16.0 is not a release this patch has read" in devicemesh.INIT_PROCESS_GROUPS.unknown()
     with pytest.warns(RuntimeWarning, match="not a release"):
         assert devicemesh.INIT_PROCESS_GROUPS.install() is False
 
@@ -352,7 +352,7 @@ def test_an_in_place_change_of_a_rank_map_is_read_again():
 @pytest.mark.skipif(not hasattr(dist, "split_group"), reason="torch without split_group")
 def test_a_bound_device_takes_the_split_road(monkeypatch):
     if _torch_compat.TORCH_VERSION < (2, 15):
-        pytest.skip("torch 2.13's fake group cannot split")
+        pytest.skip("torch 2.13's and 2.14's fake groups cannot split")
     devicemesh.INIT_PROCESS_GROUPS.install()
     with fake_world(16, 6, MESHFAKE) as default:
         default.bound_device_id = torch.device("cpu", 0)  # as device_id= binds one (nccl2 always does)

@@ -31,7 +31,7 @@ from rankmesh import _fast_groups as fg  # noqa: E402
 from rankmesh._native import hashed_group_name  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
-from tests.conftest import FAKE, MESHFAKE, SPLITFAKE, fake_world  # noqa: E402
+from tests.conftest import FAKE, MESHFAKE, SPLITFAKE, fake_group_splits, fake_world  # noqa: E402
 
 
 def _entries(pg):
@@ -336,7 +336,7 @@ def test_a_failed_split_check_warns_once_and_falls_back_to_torch(monkeypatch):
     with bound_fake_world(8, 3):
         with pytest.warns(RuntimeWarning, match="split_group is not the one rankmesh reproduces"):
             assert not fg.uses_fast_split()
-        if not getattr(c10d._get_default_group()._get_backend(torch.device("cpu")), "supports_splitting", False):
+        if not fake_group_splits(c10d._get_default_group()):
             pytest.skip(f"the fake backend of torch {torch.__version__} cannot split")
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no second warning
@@ -382,7 +382,7 @@ def test_non_member_split_and_the_narrowed_table():
     """A rank in none of a partition's groups takes part with a one-rank split of another rank
     (torch's own call, the default group's rank table narrowed meanwhile and restored after)."""
     with bound_fake_world(16, 3) as default:
-        if not getattr(default._get_backend(torch.device("cpu")), "supports_splitting", False):
+        if not fake_group_splits(default):
             pytest.skip(f"the fake backend of torch {torch.__version__} cannot split")
         table = c10d._world.pg_group_ranks[default]
         count = c10d._world.group_count

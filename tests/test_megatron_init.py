@@ -21,7 +21,7 @@ from rankmesh import _once
 from torch.distributed import distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from tests.conftest import MESHFAKE, SPLITFAKE, _create_meshfake_pg, fake_world
+from tests.conftest import MESHFAKE, SPLITFAKE, _create_meshfake_pg, fake_group_splits, fake_world
 from tests.mp import megatron_snapshot as snap
 
 with warnings.catch_warnings():
@@ -80,8 +80,7 @@ def gloo_is_fakegloo(monkeypatch):
 
 
 def _can_split() -> bool:
-    pg = c10d._get_default_group()
-    return bool(getattr(pg._get_backend(torch.device("cpu")), "supports_splitting", False))
+    return fake_group_splits(c10d._get_default_group())
 
 
 def run(fn, world: int, rank: int, kw: dict, *, split: bool = False):

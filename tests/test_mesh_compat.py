@@ -17,14 +17,13 @@ from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import init_device_mesh as torch_init
 
-from tests.conftest import fake_world
+from tests.conftest import fake_group_splits, fake_world
 
 
 def _skip_unless_fake_backend_splits() -> None:
-    pg = dist.distributed_c10d._get_default_group()
     import torch
 
-    if not getattr(pg._get_backend(torch.device("cpu")), "supports_splitting", False):
+    if not fake_group_splits(dist.distributed_c10d._get_default_group()):
         pytest.skip(f"the fake backend of torch {torch.__version__} cannot split (2.15's can)")
 
 

@@ -479,7 +479,7 @@ def test_the_field_check_finds_a_field_torch_renamed():
     assert unknown_fields(written, fields, preserve_rank_order=True) == {"_coordinate_on_dim"}
     with_order = written | {"_preserve_rank_order"}  # set on 2.13 too, where torch has no such field
     assert unknown_fields(with_order, fields, preserve_rank_order=False) == {"_coordinate_on_dim"}
-    both = {"_coordinate_on_dim", "_preserve_rank_order"}  # 2.14+: the field must be torch's
+    both = {"_coordinate_on_dim", "_preserve_rank_order"}  # 2.15+: the field must be torch's
     assert unknown_fields(with_order, fields, preserve_rank_order=True) == both
 
 

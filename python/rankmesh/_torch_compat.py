@@ -14,11 +14,12 @@ The differences, one line each:
 
 - 2.13: ``DeviceMesh`` derives from ``torch._opaque_base.OpaqueBase`` and is registered with
   ``register_opaque_type(typ="reference")``; it has no ``_preserve_rank_order`` field.
-- 2.14: adds ``preserve_rank_order`` (constructor argument, ``_preserve_rank_order`` field, part of
-  ``__eq__``, ``__hash__`` and the torch.compile guard).
-- 2.15: ``DeviceMesh`` derives from ``torch._custom_class_base.CustomClassBase`` and is registered
+- 2.14: ``DeviceMesh`` derives from ``torch._custom_class_base.CustomClassBase`` and is registered
   with ``register_custom_class(typ="symbolic")``; the opaque-type registry walks the MRO, so a
-  subclass is compiled exactly like ``DeviceMesh`` on every supported version.
+  subclass is compiled exactly like ``DeviceMesh`` on every supported version. Its ``__init__`` is
+  still 2.13's (read from the 2.14.0 and 2.14.1 wheels).
+- 2.15: adds ``preserve_rank_order`` (constructor argument, ``_preserve_rank_order`` field, part of
+  ``__eq__``, ``__hash__`` and the torch.compile guard).
 
 The one patch of torch's class (``rankmesh.patches``' "concatenate", recognised by
 :func:`concatenate_unknown`): ``DeviceMesh._concatenate`` is a
@@ -105,7 +106,7 @@ SUPPORTED: tuple[tuple[int, int], ...] = tuple(_parse(r) for r in DEPENDENCIES["
 
 TORCH_VERSION: tuple[int, int] = _parse(torch.__version__)
 
-#: 2.14+: ``_preserve_rank_order`` exists and takes part in equality, hashing and compile guards.
+#: 2.15+: ``_preserve_rank_order`` exists and takes part in equality, hashing and compile guards.
 HAS_PRESERVE_RANK_ORDER: bool = "_preserve_rank_order" in getattr(DeviceMesh, "__annotations__", {})
 
 # torch's equality/hash fields after ``_flatten_rank_map``, in torch's order (``_hash_key``).

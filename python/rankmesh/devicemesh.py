@@ -230,8 +230,9 @@ def _make_init_device_mesh(torch_init_device_mesh: Any) -> Any:
 
 
 #: Source hashes (``rankmesh._patch.source_hash``) of the torch functions whose behaviour the
-#: patches reproduce, per release read. torch 2.14 is not installed here, so it is not read: there
-#: torch's own functions run, with one warning.
+#: patches reproduce, per release read (2.14's from the 2.14.0 and 2.14.1 wheels' sources, which
+#: agree; the suite ran on 2.14.1 by hand, CI runs 2.15 and 2.13). Any other body: torch's own
+#: functions run, with one warning.
 _DEVICE_MESH = "torch.distributed.device_mesh"
 
 INIT_PROCESS_GROUPS = Patch(
@@ -241,13 +242,17 @@ INIT_PROCESS_GROUPS = Patch(
     _make_init_process_groups,
     why="every DeviceMesh torch builds (init_device_mesh, DeviceMesh(mesh=...), _flatten, _unflatten) creates "
     "every group of every dim through it; rankmesh's creates this rank's group per dim, O(group size)",
-    versions="torch 2.13 and 2.15 (_init_process_groups and _init_one_process_group by body)",
+    versions="torch 2.13, 2.14 and 2.15 (_init_process_groups and _init_one_process_group by body)",
     wrap=staticmethod,
     dependency="torch",
     bodies={
         "2.13": {
             f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
             f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"f99050d28ccfdb7d"}),
+        },
+        "2.14": {  # 2.13's _init_process_groups; _init_one_process_group adds a non-member guard
+            f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
+            f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"cb243290d068e561"}),
         },
         "2.15": {
             f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"dbc722f632161f06"}),
@@ -263,10 +268,11 @@ INIT_DEVICE_MESH = Patch(
     _make_init_device_mesh,
     why="frameworks build their meshes with it; rankmesh's returns a FastDeviceMesh (torch's size-1 rule) whose "
     "slices, _flatten and _unflatten stay O(group size) where torch's DeviceMesh makes a W-long tuple per mesh",
-    versions="torch 2.13 and 2.15 (init_device_mesh by body)",
+    versions="torch 2.13, 2.14 and 2.15 (init_device_mesh by body)",
     dependency="torch",
     bodies={
         "2.13": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
+        "2.14": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
         "2.15": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
     },
     aliases=("torch.distributed",),
