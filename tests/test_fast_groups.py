@@ -20,7 +20,8 @@ import warnings
 
 import numpy as np
 import pytest
-from rankmesh import _once
+from rankmesh import _dependencies, _once
+from rankmesh._dependencies import release_of
 
 pytest.importorskip("torch")
 import torch  # noqa: E402
@@ -144,20 +145,21 @@ def test_a_failed_check_warns_once_and_falls_back_to_torch(monkeypatch):
 
 def test_this_torchs_bodies_are_the_ones_rankmesh_reproduces():
     """The allow-list holds this torch's release and body hashes (CI runs 2.13 and 2.15)."""
-    assert fg.bodies_unknown("new_group") is None
-    assert (fg.bodies_unknown("split_group") is None) == (fg.SPLIT_SHAPE is not None)
+    assert fg.KNOWN_BODIES["new_group"].recognise() is None
+    assert (fg.KNOWN_BODIES["split_group"].recognise() is None) == (fg.SPLIT_SHAPE is not None)
 
 
 @pytest.mark.parametrize("how", ["body", "release"])
 def test_an_unknown_body_or_release_warns_once_and_falls_back_to_torch(monkeypatch, how):
-    release = fg.torch_release()
+    bodies = fg.KNOWN_BODIES["new_group"].bodies
+    release = release_of("torch")
     if how == "body":
-        known = {**fg.KNOWN_BODIES["new_group"][release], "_new_group_with_tag": "0" * 16}
-        monkeypatch.setitem(fg.KNOWN_BODIES, "new_group", {release: known})
+        known = {**bodies[release], "torch.distributed.distributed_c10d._new_group_with_tag": frozenset({"0" * 16})}
+        monkeypatch.setitem(bodies, release, known)
         match = r"_new_group_with_tag has a body rankmesh does not know \(hash [0-9a-f]{16}\)"
     else:
-        monkeypatch.setattr(fg, "torch_release", lambda: "9.99")
-        match = "is not a release rankmesh's new_group path is known for"
+        monkeypatch.setitem(_dependencies._versions, "torch", "9.99.0")
+        match = r"torch 9\.99\.0 is not a version rankmesh's new_group path has read \(supported: 2\.13, 2\.14, 2\.15\)"
     monkeypatch.setattr(fg, "_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(fg, "_create", lambda *a, **k: pytest.fail("rankmesh made a group despite the gate"))

@@ -389,8 +389,8 @@ def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start
     read_fields = {f for f, _ in compat._READ_FIELDS}
     torch_members = set(dir(DeviceMesh)) | torch_fields() | read_fields
     used = {n for n in names if n.startswith("_") and not n.startswith("__") and n in torch_members}
-    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | read_fields | compat._CONCATENATE_READS
-    checked |= {"_preserve_rank_order", "_concatenate"}  # HAS_PRESERVE_RANK_ORDER; install_concatenate
+    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | read_fields
+    checked |= {"_preserve_rank_order", "_concatenate"}  # HAS_PRESERVE_RANK_ORDER; the patch (by body)
     # _hash: the fast mesh's own __hash__ caches its hash there, and its pickles write None there as
     # torch's __getstate__ does; torch's __hash__ never runs on a fast mesh.
     checked |= {"_hash"}

@@ -38,7 +38,6 @@ def _new_process(monkeypatch) -> None:
     """Forget every verdict this process holds (the files stay)."""
     monkeypatch.setattr(fg, "_state", {})
     monkeypatch.setattr(fg, "_split_state", {})
-    monkeypatch.setattr(fg, "_bodies_checked", {})
     _verdicts.forget()
 
 
@@ -65,7 +64,8 @@ def counted(monkeypatch):
         return wrapper
 
     monkeypatch.setattr(linecache, "getlines", counter("source", linecache.getlines))
-    monkeypatch.setattr(fg, "bodies_unknown", counter("bodies", fg.bodies_unknown))
+    new_group = fg.KNOWN_BODIES["new_group"]
+    monkeypatch.setattr(new_group, "recognise", counter("bodies", new_group.recognise))
     # each probe's first step
     monkeypatch.setattr(fg, "register_fake_backend", counter("probe", fg.register_fake_backend))
     return calls

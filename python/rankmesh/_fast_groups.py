@@ -24,7 +24,8 @@ Torch's own ``new_group`` runs instead, with the same arguments, whenever anythi
 plain case this reproduces: TorchComms, ``TORCH_DIST_INIT_BARRIER=1``, a default group bound to a
 device, a Python process group that makes its own subgroups, MPI, or a torch this module has
 not read. Each fast path is allow-listed by torch release plus the hash of every torch function
-body it reproduces (:data:`KNOWN_BODIES`; a patch release that changes a body fails the gate
+body it reproduces (:data:`KNOWN_BODIES`, asked as every patch's code is:
+:meth:`rankmesh._patch.KnownCode.recognise`; a patch release that changes a body fails the gate
 whatever its version says). :func:`self_check` decides once per default group: it checks the
 allow-list, the private names this module uses, the naming scheme against torch's own
 ``_hash_ranks_to_str``, and makes a one-rank ``fake`` probe group both ways, comparing the
@@ -61,7 +62,6 @@ import bisect
 import contextlib
 import datetime
 import inspect
-import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -73,9 +73,10 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rankmesh import _verdicts
+from rankmesh._dependencies import release_of
 from rankmesh._native import hashed_group_name
 from rankmesh._once import warn_once
-from rankmesh._patch import body_unknown, disabled
+from rankmesh._patch import KnownCode, disabled, resolve, verdict_scope
 from rankmesh.errors import DistributedStateError
 
 __all__ = [
@@ -86,7 +87,6 @@ __all__ = [
     "RankTable",
     "SCHEME",
     "SPLIT_SHAPE",
-    "bodies_unknown",
     "ensure_backend_registered",
     "group_device_types",
     "options_timeout",
@@ -100,7 +100,6 @@ __all__ = [
     "split_member_group",
     "split_non_member",
     "split_self_check",
-    "torch_release",
     "uses_fast_path",
     "uses_fast_split",
 ]
@@ -122,74 +121,48 @@ _FUNCTIONS = (
 FAST_GROUPS = "fast_groups"
 _TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg", "group_count")
 
-#: The torch bodies each fast path reproduces, by torch release: the
-#: :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
+_C10D = "torch.distributed.distributed_c10d"
+_NEW_GROUP_213 = {
+    f"{_C10D}.new_group": frozenset({"47374139b94f2439"}),
+    f"{_C10D}._new_group_with_tag": frozenset({"611b36bbe829f9ab"}),
+    f"{_C10D}._process_group_name": frozenset({"7e6fc29384da5cd8"}),
+    f"{_C10D}._hash_ranks_to_str": frozenset({"0b18a6130bc29871"}),
+}
+_NAMES_214 = {
+    f"{_C10D}._process_group_name": frozenset({"710d483e6c074a3f"}),
+    f"{_C10D}._hash_ranks_to_str": frozenset({"6b4e40a881640221"}),
+}
+
+#: The torch bodies each fast path reproduces (``"new_group"``, ``"split_group"``), by torch release:
+#: the :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
 #: listed release whose bodies all hash as listed; anything else gets torch's own calls, after one
 #: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources, compiled
 #: and cut with :func:`rankmesh._patch.code_lines`, without installing them; they equal what
 #: ``inspect.getsource`` gives, as do the others.)
-KNOWN_BODIES: dict[str, dict[str, dict[str, str]]] = {
-    "new_group": {
-        "2.13": {
-            "new_group": "47374139b94f2439",
-            "_new_group_with_tag": "611b36bbe829f9ab",
-            "_process_group_name": "7e6fc29384da5cd8",
-            "_hash_ranks_to_str": "0b18a6130bc29871",
+KNOWN_BODIES: dict[str, KnownCode] = {
+    "new_group": KnownCode(
+        "torch",
+        {
+            "2.13": _NEW_GROUP_213,
+            "2.14": {
+                f"{_C10D}.new_group": frozenset({"40b4162dab7111dd"}),
+                f"{_C10D}._new_group_with_tag": frozenset({"cb54f76632d7c2f8"}),
+                **_NAMES_214,
+            },
+            "2.15": {
+                f"{_C10D}.new_group": frozenset({"3ce46582957e046d"}),
+                f"{_C10D}._new_group_with_tag": frozenset({"cb54f76632d7c2f8"}),
+                **_NAMES_214,
+            },
         },
-        "2.14": {
-            "new_group": "40b4162dab7111dd",
-            "_new_group_with_tag": "cb54f76632d7c2f8",
-            "_process_group_name": "710d483e6c074a3f",
-            "_hash_ranks_to_str": "6b4e40a881640221",
-        },
-        "2.15": {
-            "new_group": "3ce46582957e046d",
-            "_new_group_with_tag": "cb54f76632d7c2f8",
-            "_process_group_name": "710d483e6c074a3f",
-            "_hash_ranks_to_str": "6b4e40a881640221",
-        },
-    },
-    "split_group": {
-        "2.15": {
-            "split_group": "d2f90c7399463483",
-            "_process_group_name": "710d483e6c074a3f",
-            "_hash_ranks_to_str": "6b4e40a881640221",
-        },
-    },
+        reader="rankmesh's new_group path",
+    ),
+    "split_group": KnownCode(
+        "torch",
+        {"2.15": {f"{_C10D}.split_group": frozenset({"d2f90c7399463483"}), **_NAMES_214}},
+        reader="rankmesh's split_group path",
+    ),
 }
-
-
-def torch_release() -> str:
-    """``"2.15"`` for torch ``2.15.0+cu132``: the release :data:`KNOWN_BODIES` is keyed by."""
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
-
-
-def bodies_unknown(path: str) -> str | None:
-    """Why the ``path`` fast path (``"new_group"`` or ``"split_group"``) may not run on this torch
-    (its release is not listed in :data:`KNOWN_BODIES`, or a body it reproduces hashes to
-    something else), or None when it may."""
-    known = KNOWN_BODIES[path].get(torch_release())
-    if known is None:
-        listed = ", ".join(KNOWN_BODIES[path])
-        return f"torch {torch.__version__} is not a release rankmesh's {path} path is known for ({listed})"
-    fns = {name: getattr(c10d, name, None) for name in known}
-    missing = [name for name, fn in fns.items() if not callable(fn)]
-    if missing:
-        return f"torch.distributed lacks {missing}"
-    key = (path, tuple(known.items()), tuple(id(f) for f in fns.values()))  # same bodies: same answer
-    if key not in _bodies_checked:
-        _bodies_checked[key] = next(
-            (
-                reason
-                for name, digest in known.items()
-                if (reason := body_unknown(f"torch.distributed.distributed_c10d.{name}", fns[name], {digest}))
-            ),
-            None,
-        )
-    return _bodies_checked[key]
-
-
-_bodies_checked: dict[tuple[Any, ...], str | None] = {}
 
 
 #: How each release salts hashed group names: ``"group_count"`` (2.14, 2.15: the counter every
@@ -200,7 +173,7 @@ _bodies_checked: dict[tuple[Any, ...], str | None] = {}
 SCHEMES: dict[str, str] = {"2.13": "pg_names", "2.14": "group_count", "2.15": "group_count"}
 
 
-SCHEME: str | None = SCHEMES.get(torch_release())
+SCHEME: str | None = SCHEMES.get(release_of("torch") or "")
 _state: dict[int, bool] = {}  # id(default group) -> fast path usable
 
 
@@ -268,11 +241,11 @@ def _verdict_key(path: str, extra: dict[str, Any]) -> dict[str, Any] | None:
     nothing is cached)."""
     import rankmesh
 
-    release = torch_release()
-    known = {p: KNOWN_BODIES[p].get(release) for p in (path, "new_group")}
+    release = release_of("torch")
+    known = {p: KNOWN_BODIES[p].known() for p in (path, "new_group")}
     objs = [getattr(dist, n, None) for n in ("new_group", "split_group")]
     objs += [getattr(c10d, n, None) for n in _PROBED_TORCH + _FUNCTIONS + _SPLIT_FUNCTIONS]
-    objs += [inspect.unwrap(getattr(c10d, n, None)) for p in known.values() for n in (p or {})]
+    objs += [inspect.unwrap(_resolved(n)) for p in known.values() for n in (p or {})]
     here = globals()
     objs += [here[n] for n in _PROBED_OURS]
     files = [c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)]
@@ -296,10 +269,17 @@ def _verdict_key(path: str, extra: dict[str, Any]) -> dict[str, Any] | None:
         rankmesh=rankmesh.__version__,
         release=release,
         scheme=SCHEME,
-        bodies=known,
+        bodies={p: b and {n: sorted(h) for n, h in b.items()} for p, b in known.items()},
         code=code,
         **extra,
     )
+
+
+def _resolved(path: str) -> Any:
+    try:
+        return resolve(path)
+    except (ImportError, AttributeError):
+        return None
 
 
 def _checked(path: str, extra: dict[str, Any], compute: Callable[[], str | None]) -> str | None:
@@ -310,7 +290,7 @@ def _checked(path: str, extra: dict[str, Any], compute: Callable[[], str | None]
     if key is None:
         return compute()
     name = " ".join([path, *(f"{k}={v}" for k, v in extra.items())])  # e.g. "new_group backend=fake"
-    return _verdicts.verdict(name, key, compute, scope=f"{os.path.dirname(torch.__file__)} {sys.version}")
+    return _verdicts.verdict(name, key, compute, scope=verdict_scope("torch"))
 
 
 def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
@@ -492,7 +472,7 @@ def self_check(backend: str = "fake") -> bool:
         reason = _static_reason() or _checked(
             "new_group",
             {"backend": backend},
-            lambda: bodies_unknown("new_group") or _names_reason() or _probe_reason(backend),
+            lambda: KNOWN_BODIES["new_group"].recognise() or _names_reason() or _probe_reason(backend),
         )
         _state.clear()
         _state[key] = reason is None
@@ -797,14 +777,9 @@ _SPLIT_FUNCTIONS = ("_register_pg_in_world", "_maybe_attach_flight_recorder", "H
 _split_state: dict[int, bool] = {}  # id(default group) -> fast split usable
 
 
-def _split_shape() -> str | None:
-    release = torch_release()
-    return release if release in KNOWN_BODIES["split_group"] else None
-
-
 #: Which torch release's ``split_group`` :func:`split_member_group` reproduces here, or None
 #: (the bodies' hashes are checked once, by :func:`split_self_check`).
-SPLIT_SHAPE: str | None = _split_shape()
+SPLIT_SHAPE: str | None = KNOWN_BODIES["split_group"].release()
 
 
 def group_device_types(pg) -> set[str]:
@@ -1004,8 +979,8 @@ def split_self_check() -> bool:
             reason = _static_reason() or _checked(
                 "split_group",
                 {"accelerator": accelerator and accelerator.type, "bound": bound and bound.type},
-                lambda: bodies_unknown("split_group")
-                or bodies_unknown("new_group")
+                lambda: KNOWN_BODIES["split_group"].recognise()
+                or KNOWN_BODIES["new_group"].recognise()
                 or _names_reason()
                 or _split_probe_reason(),
             )

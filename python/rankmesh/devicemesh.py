@@ -50,7 +50,7 @@ import threading
 import weakref
 from typing import Any
 
-from rankmesh._patch import Patch
+from rankmesh._patch import KnownCode, Patch
 
 __all__ = ["INIT_DEVICE_MESH", "INIT_PROCESS_GROUPS", "PATCHES", "accelerate", "created_groups", "restore"]
 
@@ -89,7 +89,8 @@ def _world_of(rank_map: Any, world_size: int) -> Any:
 
     key = id(rank_map)
     hit = _RANK_MAPS.get(key)
-    if hit is not None and hit[0]() is rank_map and hit[1] == rank_map._version and hit[2] == world_size:
+    version = rank_map._version
+    if hit is not None and hit[0]() is rank_map and hit[1] == version and hit[2] == world_size:
         return hit[3]
     world = None
     if rank_map.dtype in (torch.int32, torch.int64) and rank_map.dim() == 1 and not rank_map.requires_grad:
@@ -104,7 +105,7 @@ def _world_of(rank_map: Any, world_size: int) -> Any:
         except RankmeshError:  # not a permutation, a rank outside the job, a rank twice: torch's
             world = None
     ref = weakref.ref(rank_map, lambda _r, key=key: _RANK_MAPS.pop(key, None))
-    _RANK_MAPS[key] = (ref, rank_map._version, world_size, world)
+    _RANK_MAPS[key] = (ref, version, world_size, world)
     return world
 
 
@@ -229,9 +230,6 @@ def _make_init_device_mesh(torch_init_device_mesh: Any) -> Any:
     return init_device_mesh
 
 
-#: Source hashes (``rankmesh._patch.source_hash``) of the torch functions whose behaviour the
-#: patches reproduce, per release read. torch 2.14 is not installed here, so it is not read: there
-#: torch's own functions run, with one warning.
 _DEVICE_MESH = "torch.distributed.device_mesh"
 
 INIT_PROCESS_GROUPS = Patch(
@@ -243,17 +241,21 @@ INIT_PROCESS_GROUPS = Patch(
     "every group of every dim through it; rankmesh's creates this rank's group per dim, O(group size)",
     versions="torch 2.13 and 2.15 (_init_process_groups and _init_one_process_group by body)",
     wrap=staticmethod,
-    dependency="torch",
-    bodies={
-        "2.13": {
-            f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
-            f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"f99050d28ccfdb7d"}),
+    # torch 2.14 is not read here: there torch's own functions run, with one warning.
+    code=KnownCode(
+        "torch",
+        {
+            "2.13": {
+                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
+                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"f99050d28ccfdb7d"}),
+            },
+            "2.15": {
+                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"dbc722f632161f06"}),
+                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"2d616ffe2b5f9e09"}),
+            },
         },
-        "2.15": {
-            f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"dbc722f632161f06"}),
-            f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"2d616ffe2b5f9e09"}),
-        },
-    },
+        reader="this patch",
+    ),
 )
 
 INIT_DEVICE_MESH = Patch(
@@ -264,11 +266,14 @@ INIT_DEVICE_MESH = Patch(
     why="frameworks build their meshes with it; rankmesh's returns a FastDeviceMesh (torch's size-1 rule) whose "
     "slices, _flatten and _unflatten stay O(group size) where torch's DeviceMesh makes a W-long tuple per mesh",
     versions="torch 2.13 and 2.15 (init_device_mesh by body)",
-    dependency="torch",
-    bodies={
-        "2.13": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-        "2.15": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-    },
+    code=KnownCode(
+        "torch",
+        {
+            "2.13": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
+            "2.15": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
+        },
+        reader="this patch",
+    ),
     aliases=("torch.distributed",),
 )
 
