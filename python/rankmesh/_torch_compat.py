@@ -38,7 +38,8 @@ Private torch state is named in two modules only, each with a start-up check
 - here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
   ``_READ_FIELDS``; a test checks that every one rankmesh names, the fields torch's methods set
   included, is listed, and that renaming any field rankmesh writes fails the check), the body of
-  ``DeviceMesh._concatenate`` (:data:`CONCATENATE_CODE`), torch's
+  ``DeviceMesh._concatenate`` (:data:`CONCATENATE_CODE`), ``Tensor._version`` (``_TENSOR_FIELDS``,
+  read through :func:`tensor_version`), torch's
   layout algebra (``_MeshLayout``, ``_FlatLayout``, compared with rankmesh's by the self-check),
   ``_normalize_backend_override`` and c10d's ``Backend.Options``, and the argument checks of
   ``DeviceMesh._unflatten`` / ``_create_unflatten_mesh`` / ``_create_flatten_mesh``, which
@@ -90,6 +91,7 @@ __all__ = [
     "torch_rejects",
     "unknown_backend_text",
     "fast_meshes_available",
+    "tensor_version",
     "native_tuple_hash_ok",
     "use_torchcomms",
     "accelerator_backend_name",
@@ -176,6 +178,8 @@ _READ_FIELDS = (
     ("_flatten_mapping", "get_group"),
     ("_coordinate_on_dim", "get_coordinate"),
 )
+# Private fields of ``torch.Tensor`` rankmesh reads (through the functions below).
+_TENSOR_FIELDS = ("_version",)
 
 _state: dict[str, object] = {}
 
@@ -300,6 +304,12 @@ def unknown_backend_text(name: str) -> str:
     return f"Unknown backend type {dist.Backend(name)}"  # torch's name: Backend(...), lower case
 
 
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor``'s version counter (torch's private ``Tensor._version``, which every in-place change
+    moves): how a rank map read once is known to be unchanged."""
+    return tensor._version
+
+
 # torch's own ``DeviceMesh._concatenate`` (a staticmethod; 2.13-2.15 take one argument, the list).
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
 _DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
@@ -348,6 +358,7 @@ def _self_check() -> str | None:
         for field, method in _READ_FIELDS
         if field not in _code_names(getattr(DeviceMesh, method, None))
     ]
+    missing += [f"Tensor.{f}" for f in _TENSOR_FIELDS if not hasattr(torch.Tensor, f)]
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
     concatenate = CONCATENATE_CODE.recognise()

@@ -83,13 +83,14 @@ def _world_of(rank_map: Any, world_size: int) -> Any:
     (and again only after an in-place change), in the core."""
     import torch
 
+    from rankmesh import _torch_compat as compat
     from rankmesh._native import MeshLayout
     from rankmesh.errors import RankmeshError
     from rankmesh.mesh import _placement_of
 
     key = id(rank_map)
     hit = _RANK_MAPS.get(key)
-    version = rank_map._version
+    version = compat.tensor_version(rank_map)
     if hit is not None and hit[0]() is rank_map and hit[1] == version and hit[2] == world_size:
         return hit[3]
     world = None
