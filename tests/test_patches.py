@@ -24,10 +24,10 @@ def test_a_patch_outside_the_switches_is_refused():
 
 
 def _every_known_code() -> dict[str, _patch.KnownCode]:
-    from rankmesh import _fast_groups, _torch_compat
+    from rankmesh import _fast_groups_check, _torch_compat
 
     out = {f"patch {n}": p.code for n, p in patches.REGISTRY.items()}
-    out |= {f"fast_groups {n}": c for n, c in _fast_groups.KNOWN_BODIES.items()}
+    out |= {f"fast_groups {n}": c for n, c in _fast_groups_check.KNOWN_BODIES.items()}
     return out | {"self-check concatenate": _torch_compat.CONCATENATE_CODE}
 
 

@@ -118,7 +118,8 @@ def test_process_groups_sit_below_the_meshes():
     """The process-group layer (and the consistency check on it) knows nothing of DeviceMesh: it
     imports no mesh module and its code names no ``DeviceMesh`` (its docs may)."""
     graph = import_graph()
-    for low in ("rankmesh.process_groups", "rankmesh.consistency", "rankmesh._fast_groups", "rankmesh._groups"):
+    lows = ("rankmesh.process_groups", "rankmesh.consistency", "rankmesh._fast_groups", "rankmesh._fast_groups_check")
+    for low in (*lows, "rankmesh._groups"):
         assert not {m for m in graph[low] if m.startswith("rankmesh.mesh")}, low
         tree = ast.parse((PACKAGE / (low.split(".")[1] + ".py")).read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -147,7 +148,13 @@ RULE_MODULES = (
     "rankmesh.plan",
     "rankmesh._picture",
 )
-TORCH_FACES = ("rankmesh.process_groups", "rankmesh.mesh", "rankmesh._fast_groups", "rankmesh._torch_compat")
+TORCH_FACES = (
+    "rankmesh.process_groups",
+    "rankmesh.mesh",
+    "rankmesh._fast_groups",
+    "rankmesh._fast_groups_check",
+    "rankmesh._torch_compat",
+)
 
 
 def _torch_imports(path: Path) -> set[str]:
@@ -260,8 +267,9 @@ def test_the_bench_check_finds_an_import_of_the_benchmarks():
 # -- private torch state: touched in two named modules, each checked at start-up -----------------
 
 # rankmesh._torch_compat (DeviceMesh, the layout algebra) and rankmesh._fast_groups (c10d's group
-# registry) are the only modules that may read torch's private state; each has a start-up check.
-PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups"}
+# registry, with its start-up checks in rankmesh._fast_groups_check) are the only modules that may
+# read torch's private state; each has a start-up check.
+PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups", "rankmesh._fast_groups_check"}
 # Outside the data path, by name, with the reason.
 PRIVATE_ELSEWHERE = {
     # clear_dtensor_caches empties DTensor's sharding and redistribution caches between benchmark
@@ -515,8 +523,8 @@ def test_the_field_check_finds_a_field_torch_renamed():
 
 
 def test_the_fake_backend_is_registered_in_one_place():
-    """Only rankmesh._fast_groups imports torch's fake backend (register_fake_backend,
-    init_fake_world); docstring examples may, for the reader."""
+    """Only rankmesh._fast_groups_check imports torch's fake backend (register_fake_backend, which
+    init_fake_world calls too); docstring examples may, for the reader."""
     found = {}
     for name, path in _modules().items():
         tree = ast.parse(path.read_text(), str(path))
@@ -524,7 +532,7 @@ def test_the_fake_backend_is_registered_in_one_place():
         mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         if any("fake_pg" in m for m in mods):
             found[name] = sorted(m for m in mods if "fake_pg" in m)
-    assert set(found) == {"rankmesh._fast_groups"}, found
+    assert set(found) == {"rankmesh._fast_groups_check"}, found
 
 
 # -- error kinds: one table (rankmesh.errors.ERROR_KINDS) --------------------------------------------

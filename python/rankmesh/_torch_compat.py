@@ -47,9 +47,9 @@ Private torch state is named in two modules only, each with a start-up check
 - :mod:`rankmesh._fast_groups`: every read and write of c10d's private group registry
   (``_new_process_group_helper``, ``_register_pg_in_world``, ``_resolve_process_group``,
   ``_world``'s tables and counter, the hashed-name scheme, the backend's
-  ``ProcessGroup.split_group``), with its own start-up probes (one for ``new_group``, one for
-  ``split_group``); a torch it does not recognise gets torch's own ``new_group`` /
-  ``split_group``.
+  ``ProcessGroup.split_group``), with its own start-up checks in :mod:`rankmesh._fast_groups_check`
+  (body hashes, then a probe for ``new_group`` and one for ``split_group``); a torch it does not
+  recognise gets torch's own ``new_group`` / ``split_group``.
 """
 
 from __future__ import annotations

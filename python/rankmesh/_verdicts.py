@@ -1,9 +1,10 @@
 """Start-up check verdicts kept once per torch install, as ``.pyc`` files keep compiled code (a leaf
 module: it imports nothing of rankmesh, and no torch).
 
-rankmesh's start-up checks (:func:`rankmesh._fast_groups.self_check` and ``split_self_check``:
-the hashes of torch's function bodies, read from torch's source, and the registry probe) give the
-same answer in every process that runs the same code: every rank of a job, every job on a node.
+rankmesh's start-up checks (:mod:`rankmesh._fast_groups_check`, the self-check's and the patches'
+:class:`rankmesh._patch.KnownCode`: the hashes of torch's function bodies, read from torch's
+source, and the registry probe) give the same answer in every process that runs the same code:
+every rank of a job, every job on a node.
 :func:`verdict` keeps each answer in a small JSON file under the per-user cache directory, next
 to the *key* that decided it (the caller's: torch's release, the size and mtime of every source
 file involved, rankmesh's version, the Python version, ...). A later process whose key is equal
