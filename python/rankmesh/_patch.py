@@ -1,8 +1,13 @@
-"""The :class:`Patch` object every rankmesh patch is (a leaf module: it imports nothing of rankmesh).
+"""The :class:`Patch` object every rankmesh patch is, and :class:`KnownCode`, the one way rankmesh
+recognises a dependency's code (it imports only rankmesh's leaves: ``_once``, ``_dependencies``,
+``_verdicts``).
 
 Each patch is defined next to the code it installs (``rankmesh.mesh``: ``DeviceMesh._concatenate``;
 ``rankmesh.torchtitan.spmd_axis``: ``MeshAxis.__le__``; ``rankmesh.megatron.fsdp``: Megatron-FSDP's
-meshes); :mod:`rankmesh.patches` lists them all and undoes them.
+meshes; ``rankmesh.devicemesh``: torch's own ``DeviceMesh``); :mod:`rankmesh.patches` lists them all
+and undoes them. Each carries a :class:`KnownCode` (the dependency, the releases read, the bodies),
+and so do the checks that replace no attribute (the self-check's ``DeviceMesh._concatenate``,
+``_fast_groups``' two paths): one verb, ``recognise()``, answers None or why not for all of them.
 """
 
 from __future__ import annotations
