@@ -10,7 +10,8 @@ rankmesh only when every input is a rankmesh mesh of one world, and is never a w
   class and message, and otherwise every attribute of the result equals torch's;
 - a mix of torch and rankmesh meshes, or meshes of another world, go to torch's own function;
 - the patch is installed once, through the registry, keeps torch's function as ``__wrapped__``,
-  the start-up self-check recognises torch's function, and ``restore()`` brings torch's back;
+  the start-up self-check recognises torch's function by its body, and ``restore()`` brings
+  torch's back;
 - the hash of the world's rank-map tuple, computed natively, equals Python's.
 """
 
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rankmesh import _native, _torch_compat, patches
+from rankmesh._dependencies import release_of
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -123,7 +125,7 @@ def test_the_patch_is_installed_once_and_wraps_torchs_function():
     assert patch.installed and "concatenate" in patches.installed()
     assert patch.install() is True  # idempotent: nothing changes
     assert DeviceMesh.__dict__["_concatenate"] is patched
-    assert _torch_compat.concatenate_unknown() is None  # the self-check recognises torch's function
+    assert _torch_compat.CONCATENATE_CODE.recognise() is None  # the self-check recognises torch's function
     patch.restore()  # stock torch's function is back, and torch's own result comes out
     try:
         assert DeviceMesh.__dict__["_concatenate"] is _torch_compat._TORCH_CONCATENATE
@@ -162,30 +164,15 @@ def test_hash_of_a_fast_mesh_equals_torchs_without_building_the_rank_map():
     assert dist.is_initialized() is False
 
 
-def _concat_one(device_mesh_list):
-    m = device_mesh_list
-    return m._layout, m._flatten_rank_map, m._dim_group_names, m._get_root_mesh, m._rank_map
-
-
-def _concat_two(device_mesh_list, other):
-    return _concat_one(device_mesh_list), other
-
-
-def _concat_star(*device_mesh_list):
-    return device_mesh_list
-
-
-def _concat_kw(device_mesh_list, *, flat=False):
-    return _concat_one(device_mesh_list), flat
-
-
-def test_the_self_check_reads_concatenates_parameters_off_its_code():
-    assert _torch_compat.concatenate_unknown(staticmethod(_concat_one)) is None
-    assert "not a staticmethod" in _torch_compat.concatenate_unknown(_concat_one)
-    for fn, params in (
-        (_concat_two, "['device_mesh_list', 'other']"),
-        (_concat_star, "['*device_mesh_list']"),
-        (_concat_kw, "['device_mesh_list', 'flat']"),
-    ):
-        reason = _torch_compat.concatenate_unknown(staticmethod(fn))
-        assert reason == f"DeviceMesh._concatenate takes {params}, not ['device_mesh_list']", reason
+def test_a_concatenate_whose_body_rankmesh_has_not_read_turns_the_fast_meshes_off(monkeypatch):
+    """torch's ``_concatenate`` is recognised by the hash of its body, per release: another body (a
+    torch that reads other fields of the meshes it joins) fails the start-up self-check, and the
+    patch stays out."""
+    bodies = _torch_compat.CONCATENATE_CODE.bodies
+    release = release_of("torch")
+    monkeypatch.setitem(bodies, release, {path: frozenset({"0" * 16}) for path in bodies[release]})
+    unknown = "torch.distributed.device_mesh.DeviceMesh._concatenate has a body rankmesh does not know (hash "
+    assert _torch_compat.CONCATENATE_CODE.recognise().startswith(unknown)
+    assert unknown in _torch_compat._self_check()
+    monkeypatch.setattr(_torch_compat, "_state", {"ok": True})  # as decided before: the patch's own check
+    assert patches.get("concatenate").recognise().startswith(unknown)

@@ -28,7 +28,7 @@ from tests.conftest import MESHFAKE, fake_world
 from tests.mesh_helpers import outcome, ranks_of
 
 pytestmark = [
-    pytest.mark.skipif(devicemesh.INIT_PROCESS_GROUPS.unknown() is not None, reason="torch not read by the patch"),
+    pytest.mark.skipif(devicemesh.INIT_PROCESS_GROUPS.recognise() is not None, reason="torch not read by the patch"),
     pytest.mark.filterwarnings("ignore:Slicing a flattened dim from root mesh"),
 ]
 
@@ -224,8 +224,9 @@ def test_an_unread_release_keeps_torch(monkeypatch):
 
     _once.forget()
     monkeypatch.setattr(_dependencies, "_versions", {"torch": "2.16.0"})
-    assert "2.16.0 is not a release this patch has read" in devicemesh.INIT_PROCESS_GROUPS.unknown()
-    with pytest.warns(RuntimeWarning, match="not a release"):
+    reason = devicemesh.INIT_PROCESS_GROUPS.recognise()
+    assert reason == "torch 2.16.0 is not a version this patch has read (supported: 2.13, 2.14, 2.15)"
+    with pytest.warns(RuntimeWarning, match="not a version this patch has read"):
         assert devicemesh.INIT_PROCESS_GROUPS.install() is False
 
 
@@ -362,22 +363,22 @@ def test_a_bound_device_takes_the_split_road(monkeypatch):
 
 
 def test_the_body_check_is_kept_once_per_install(tmp_path, monkeypatch):
-    """Patch.unknown() hashes torch's bodies once per install (rankmesh._verdicts): a later process
+    """Patch.recognise() hashes torch's bodies once per install (rankmesh._verdicts): a later process
     with the same files reads the verdict; another set of known hashes is another key."""
     from rankmesh import _patch, _verdicts
 
     monkeypatch.setenv(_verdicts.ENV, str(tmp_path))
     _verdicts.forget()
     hashed = []
-    real = _patch.body_unknown
-    monkeypatch.setattr(_patch, "body_unknown", lambda *a: hashed.append(a[0]) or real(*a))
+    real = _patch.source_hash
+    monkeypatch.setattr(_patch, "source_hash", lambda fn: hashed.append(fn) or real(fn))
     patch = devicemesh.INIT_PROCESS_GROUPS
-    assert patch.unknown() is None and len(hashed) == 2
+    assert patch.recognise() is None and len(hashed) == 2
     _verdicts.forget()  # a new process
-    assert patch.unknown() is None and len(hashed) == 2
+    assert patch.recognise() is None and len(hashed) == 2
     release = _torch_compat_release()
     monkeypatch.setitem(patch.bodies, release, {k: v | {"f" * 16} for k, v in patch.bodies[release].items()})
-    assert patch.unknown() is None and len(hashed) == 4
+    assert patch.recognise() is None and len(hashed) == 4
     _verdicts.forget()
 
 

@@ -20,7 +20,8 @@ import warnings
 
 import numpy as np
 import pytest
-from rankmesh import _once
+from rankmesh import _dependencies, _once
+from rankmesh._dependencies import release_of
 
 pytest.importorskip("torch")
 import torch  # noqa: E402
@@ -28,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from rankmesh import _fast_groups as fg  # noqa: E402
+from rankmesh import _fast_groups_check as fgc  # noqa: E402
 from rankmesh._native import hashed_group_name  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
@@ -35,7 +37,7 @@ from tests.conftest import FAKE, MESHFAKE, SPLITFAKE, fake_group_splits, fake_wo
 
 
 def _entries(pg):
-    return fg._entries(pg)
+    return fgc._entries(pg)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,7 +63,7 @@ def test_registry_entries_equal_torchs_new_group(world_rank_members, backend, ti
         assert fg.self_check()
         extra = {} if timeout is None else {"timeout": timeout}
         w = c10d._world
-        want = hashed_group_name(members, fg._salt())
+        want = hashed_group_name(members, fgc.salt())
         count = w.group_count
         theirs = dist.new_group(
             members.tolist(), backend=backend, use_local_synchronization=True, group_desc=desc, **extra
@@ -125,8 +127,8 @@ def test_barrier_after_init_bound_devices_and_python_groups_take_torchs_call(mon
 
 
 def test_a_failed_check_warns_once_and_falls_back_to_torch(monkeypatch):
-    monkeypatch.setattr(fg, "SCHEME", None)
-    monkeypatch.setattr(fg, "_state", {})
+    monkeypatch.setattr(fgc, "SCHEME", None)
+    monkeypatch.setattr(fgc, "_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     calls = []
     real = dist.new_group
@@ -144,21 +146,22 @@ def test_a_failed_check_warns_once_and_falls_back_to_torch(monkeypatch):
 
 def test_this_torchs_bodies_are_the_ones_rankmesh_reproduces():
     """The allow-list holds this torch's release and body hashes (CI runs 2.13 and 2.15)."""
-    assert fg.bodies_unknown("new_group") is None
-    assert (fg.bodies_unknown("split_group") is None) == (fg.SPLIT_SHAPE is not None)
+    assert fgc.KNOWN_BODIES["new_group"].recognise() is None
+    assert (fgc.KNOWN_BODIES["split_group"].recognise() is None) == (fgc.SPLIT_SHAPE is not None)
 
 
 @pytest.mark.parametrize("how", ["body", "release"])
 def test_an_unknown_body_or_release_warns_once_and_falls_back_to_torch(monkeypatch, how):
-    release = fg.torch_release()
+    bodies = fgc.KNOWN_BODIES["new_group"].bodies
+    release = release_of("torch")
     if how == "body":
-        known = {**fg.KNOWN_BODIES["new_group"][release], "_new_group_with_tag": "0" * 16}
-        monkeypatch.setitem(fg.KNOWN_BODIES, "new_group", {release: known})
+        known = {**bodies[release], "torch.distributed.distributed_c10d._new_group_with_tag": frozenset({"0" * 16})}
+        monkeypatch.setitem(bodies, release, known)
         match = r"_new_group_with_tag has a body rankmesh does not know \(hash [0-9a-f]{16}\)"
     else:
-        monkeypatch.setattr(fg, "torch_release", lambda: "9.99")
-        match = "is not a release rankmesh's new_group path is known for"
-    monkeypatch.setattr(fg, "_state", {})
+        monkeypatch.setitem(_dependencies._versions, "torch", "9.99.0")
+        match = r"torch 9\.99\.0 is not a version rankmesh's new_group path has read \(supported: 2\.13, 2\.14, 2\.15\)"
+    monkeypatch.setattr(fgc, "_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(fg, "_create", lambda *a, **k: pytest.fail("rankmesh made a group despite the gate"))
     with fake_world(8, 3):
@@ -198,7 +201,7 @@ def test_a_table_only_torchs_call_writes_is_found(monkeypatch):
     monkeypatch.setattr(dist, "new_group", new_group)
     with fake_world(8, 3):
         count = c10d._world.group_count
-        reason = fg._probe_reason(FAKE)
+        reason = fgc._probe_reason(FAKE, fg._create)
         assert reason is not None and "c10d._rankmesh_future_table" in reason, reason
         assert c10d._world.group_count == count  # the probe left no counter step behind
 
@@ -209,30 +212,30 @@ def test_the_registry_diff_sees_writes_and_normalises_the_new_group():
     after = {"c10d.t": {"a": 1, pg: "ptd:NAME"}, "c10d.lst": {"": ["x", pg]}, "c10d.n": 4}
     import unittest.mock as mock
 
-    with mock.patch.object(fg, "_registry", lambda: after), mock.patch.dict(c10d._world.pg_names, {pg: "NAME"}):
-        writes = fg._writes(before, pg)
+    with mock.patch.object(fgc, "_registry", lambda: after), mock.patch.dict(c10d._world.pg_names, {pg: "NAME"}):
+        writes = fgc._writes(before, pg)
     assert writes == {
         "c10d.t": [("'<group>'", "'ptd:<name>'")],
         "c10d.lst": [("''", "('<appended>', '<group>')")],
         "c10d.n": 1,
     }
-    assert fg._writes_differing(writes, {**writes, "c10d.n": 2}) == ["c10d.n"]
+    assert fgc._writes_differing(writes, {**writes, "c10d.n": 2}) == ["c10d.n"]
     other = object()  # a set table: only what the call added counts, not what was there
     before, after = {"c10d.s": {other}}, {"c10d.s": {other, pg}}
-    with mock.patch.object(fg, "_registry", lambda: after), mock.patch.dict(c10d._world.pg_names, {pg: "NAME"}):
-        assert fg._writes(before, pg) == {"c10d.s": ["'<group>'"]}
+    with mock.patch.object(fgc, "_registry", lambda: after), mock.patch.dict(c10d._world.pg_names, {pg: "NAME"}):
+        assert fgc._writes(before, pg) == {"c10d.s": ["'<group>'"]}
 
 
 def test_native_group_name_equals_torchs_hash():
     with fake_world(64, 1):
         for ranks in ([1], [0, 1, 2], list(range(1, 64, 2))):
-            assert hashed_group_name(np.asarray(ranks, dtype=np.int32), fg._salt()) == c10d._hash_ranks_to_str(ranks)
+            assert hashed_group_name(np.asarray(ranks, dtype=np.int32), fgc.salt()) == c10d._hash_ranks_to_str(ranks)
 
 
 # -- the split_group path ----------------------------------------------------------------------
 
 needs_fast_split = pytest.mark.skipif(
-    fg.SPLIT_SHAPE is None,
+    fgc.SPLIT_SHAPE is None,
     reason=f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces (2.15's); "
     "its split path is torch's own call, and its fake backend cannot split",
 )
@@ -270,7 +273,7 @@ def test_registry_entries_equal_torchs_split_group(world_rank_members, timeout, 
         assert fg.uses_fast_split()
         extra = {} if timeout is None else {"timeout": timeout}
         w = c10d._world
-        want = hashed_group_name(members, fg._salt())
+        want = hashed_group_name(members, fgc.salt())
         count = w.group_count
         theirs = dist.split_group(split_ranks=[members.tolist()], group_desc=desc, **extra)
         torch_step = w.group_count - count
@@ -326,8 +329,8 @@ def test_split_names_and_counters_agree_on_every_rank_and_with_torchs_own_calls(
 
 
 def test_a_failed_split_check_warns_once_and_falls_back_to_torch(monkeypatch):
-    monkeypatch.setattr(fg, "SPLIT_SHAPE", None)
-    monkeypatch.setattr(fg, "_split_state", {})
+    monkeypatch.setattr(fgc, "SPLIT_SHAPE", None)
+    monkeypatch.setattr(fgc, "_split_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     calls = []
     real = dist.split_group
@@ -362,12 +365,12 @@ def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch):
     """The start-up probe compares every registry entry: a reproduction that registered the
     group differently (here: under another tag) is caught, warned about once, not
     used, and leaves no probe group or counter step behind."""
-    monkeypatch.setattr(fg, "_split_state", {})
+    monkeypatch.setattr(fgc, "_split_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(fg, "c10d", _OtherTag())
     with bound_fake_world(8, 3) as default:
         count, groups = c10d._world.group_count, list(c10d._world.pg_names)
-        differ = r"registry entries differ from torch's: \['tag'"  # (the proxy hides c10d's globals)
+        differ = r"registry entries differ from torch's: \['tag'"
         with pytest.warns(RuntimeWarning, match=differ):
             assert not fg.uses_fast_split()
         assert (c10d._world.group_count, list(c10d._world.pg_names)) == (count, groups) == (count, [default])
@@ -404,7 +407,7 @@ def test_a_table_only_torchs_split_writes_is_found(monkeypatch):
     monkeypatch.setattr(dist, "split_group", split_group)
     with bound_fake_world(8, 3):
         count = c10d._world.group_count
-        reason = fg._split_probe_reason()
+        reason = fgc._split_probe_reason(fg._split)
         assert reason is not None and "c10d._rankmesh_future_split_table" in reason, reason
         assert c10d._world.group_count == count
 

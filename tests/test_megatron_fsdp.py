@@ -33,11 +33,7 @@ from tests.conftest import fake_world  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-if rfsdp.unknown(
-    __import__("megatron.core.distributed.fsdp.mcore_fsdp_adapter", fromlist=["x"]).FullyShardedDataParallel.__dict__[
-        "_init_dist_index"
-    ]
-):
+if rfsdp.PATCH.recognise():
     pytest.skip("not the megatron-core release rankmesh.megatron.fsdp knows", allow_module_level=True)
 
 import rankmesh.megatron as rm  # noqa: E402

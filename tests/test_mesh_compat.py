@@ -12,7 +12,8 @@ import pytest
 import rankmesh
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import MeshLayout, _groups, _once, _torch_compat, mesh
+from rankmesh import MeshLayout, _dependencies, _groups, _once, _torch_compat, mesh
+from rankmesh._dependencies import release_of
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import init_device_mesh as torch_init
@@ -34,13 +35,13 @@ def world8():
 
 
 def test_this_torch_is_supported_and_passes_the_self_check():
-    assert _torch_compat.TORCH_VERSION in _torch_compat.SUPPORTED
+    assert release_of("torch") is not None
     assert _torch_compat._self_check() is None
     assert _torch_compat.fast_meshes_available()
 
 
 def test_an_unknown_torch_falls_back_to_torchs_own_mesh_with_one_warning(world8, monkeypatch):
-    monkeypatch.setattr(_torch_compat, "TORCH_VERSION", (9, 99))
+    monkeypatch.setitem(_dependencies._versions, "torch", "9.99.0")
     monkeypatch.setattr(_torch_compat, "_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     unread = r"torch \S+ is not a version rankmesh has read \(supported: 2\.13, 2\.14, 2\.15\)"

@@ -20,7 +20,44 @@ def test_every_switch_is_a_patch_or_fast_groups():
 
 def test_a_patch_outside_the_switches_is_refused():
     with pytest.raises(ValueError, match="SWITCHES"):
-        _patch.Patch("bogus", "os", "sep", lambda o: o, why="", versions="", recognise=lambda o: None)
+        _patch.Patch("bogus", "os", "sep", lambda o: o, why="", versions="", code=_patch.KnownCode("torch", {}))
+
+
+def _every_known_code() -> dict[str, _patch.KnownCode]:
+    from rankmesh import _fast_groups_check, _torch_compat
+
+    out = {f"patch {n}": p.code for n, p in patches.REGISTRY.items()}
+    out |= {f"fast_groups {n}": c for n, c in _fast_groups_check.KNOWN_BODIES.items()}
+    return out | {"self-check concatenate": _torch_compat.CONCATENATE_CODE}
+
+
+def test_every_body_hash_is_kept_in_one_shape():
+    """Per release read, ``{dotted path: {16 hex digits}}``; each release one of the dependency's."""
+    from rankmesh._dependencies import DEPENDENCIES
+
+    for what, code in _every_known_code().items():
+        assert code.releases and all(DEPENDENCIES[code.dependency].supports(r) for r in code.releases), what
+        for bodies in code.bodies.values():
+            for path, hashes in bodies.items():
+                assert path.count(".") >= 2 and isinstance(hashes, frozenset), (what, path)
+                assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes), (what, path)
+
+
+def test_a_release_the_dependency_does_not_list_is_refused():
+    with pytest.raises(ValueError, match=r"torch \['3.0'\] is not among the releases"):
+        _patch.KnownCode("torch", {"3.0": {}})
+
+
+def test_the_installed_code_is_recognised_where_its_release_is_read():
+    """Every patch, fast path and the self-check's ``_concatenate`` recognise the torch and frameworks
+    installed here, unless their release is not one they read (torch 2.14 for the general patches,
+    2.13 and 2.14 for the split_group path, a framework that is not installed)."""
+    for what, code in _every_known_code().items():
+        reason = code.recognise()
+        if code.release() is not None:
+            assert reason is None, (what, reason)
+        else:
+            assert reason is not None and ("is not a version" in reason or "is not installed" in reason), what
 
 
 def test_an_unknown_disable_name_warns_once_and_the_known_ones_still_count(monkeypatch):

@@ -250,7 +250,7 @@ def test_rebuilding_freed_groups_in_the_same_world_is_refused_on_torch_2_13_and_
     or a gloo connection error). rankmesh raises DistributedStateError there, before the group is
     made; torch 2.14+ never reuses a name, so there the rebuild just works. A new world (or
     partitions of other ranks) is not refused."""
-    from rankmesh import _fast_groups
+    from rankmesh import _fast_groups_check
     from rankmesh.errors import DistributedStateError
 
     from tests.conftest import MESHFAKE  # a fake group under another name: stands for gloo here
@@ -267,7 +267,7 @@ def test_rebuilding_freed_groups_in_the_same_world_is_refused_on_torch_2_13_and_
         old = names_of(first)
         free(first)
         before = len(c10d._world.pg_map)
-        if _fast_groups.SCHEME == "pg_names":  # torch 2.13
+        if _fast_groups_check.SCHEME == "pg_names":  # torch 2.13
             with pytest.raises(DistributedStateError) as e:
                 build()
             assert e.value.field == "group_name" and e.value.value == old[0]

@@ -226,13 +226,13 @@ def test_at_2_20_ranks_the_mode_path_answers_what_spmd_types_answers_at_2_12():
 
 
 def test_the_installed_spmd_types_is_recognised():
-    assert spmd_axis.unknown(STOCK) is None
-    assert patches.source_hash(STOCK) in spmd_axis.KNOWN_BODY_HASHES
+    assert PATCH.recognise() is None
+    assert patches.source_hash(STOCK) in PATCH.code.known()["spmd_types._mesh_axis.MeshAxis.__le__"]
 
 
 def test_an_unknown_version_is_named(monkeypatch):
-    monkeypatch.setattr(spmd_axis, "KNOWN_VERSIONS", ("9.9.9",))
-    assert "spmd_types 0.2.3 is not a version" in spmd_axis.unknown(STOCK)
+    monkeypatch.setattr(PATCH.code, "bodies", {"9.9.9": {}})
+    assert "spmd_types 0.2.3 is not a version rankmesh has read (supported: 9.9.9)" in PATCH.recognise()
 
 
 def test_install_and_restore_bring_back_the_stock_le():

@@ -118,7 +118,8 @@ def test_process_groups_sit_below_the_meshes():
     """The process-group layer (and the consistency check on it) knows nothing of DeviceMesh: it
     imports no mesh module and its code names no ``DeviceMesh`` (its docs may)."""
     graph = import_graph()
-    for low in ("rankmesh.process_groups", "rankmesh.consistency", "rankmesh._fast_groups", "rankmesh._groups"):
+    lows = ("rankmesh.process_groups", "rankmesh.consistency", "rankmesh._fast_groups", "rankmesh._fast_groups_check")
+    for low in (*lows, "rankmesh._groups"):
         assert not {m for m in graph[low] if m.startswith("rankmesh.mesh")}, low
         tree = ast.parse((PACKAGE / (low.split(".")[1] + ".py")).read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -151,7 +152,13 @@ RULE_MODULES = (
     "rankmesh.plan",
     "rankmesh._picture",
 )
-TORCH_FACES = ("rankmesh.process_groups", "rankmesh.mesh", "rankmesh._fast_groups", "rankmesh._torch_compat")
+TORCH_FACES = (
+    "rankmesh.process_groups",
+    "rankmesh.mesh",
+    "rankmesh._fast_groups",
+    "rankmesh._fast_groups_check",
+    "rankmesh._torch_compat",
+)
 
 
 def _torch_imports(path: Path) -> set[str]:
@@ -264,8 +271,9 @@ def test_the_bench_check_finds_an_import_of_the_benchmarks():
 # -- private torch state: touched in two named modules, each checked at start-up -----------------
 
 # rankmesh._torch_compat (DeviceMesh, the layout algebra) and rankmesh._fast_groups (c10d's group
-# registry) are the only modules that may read torch's private state; each has a start-up check.
-PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups"}
+# registry, with its start-up checks in rankmesh._fast_groups_check) are the only modules that may
+# read torch's private state; each has a start-up check.
+PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups", "rankmesh._fast_groups_check"}
 # Outside the data path, by name, with the reason.
 PRIVATE_ELSEWHERE = {
     # clear_dtensor_caches empties DTensor's sharding and redistribution caches between benchmark
@@ -379,27 +387,62 @@ def torch_fields() -> set[str]:
     return set(getattr(DeviceMesh, "__annotations__", {})) | instance_fields(inspect.getsource(DeviceMesh))
 
 
-def test_every_private_devicemesh_member_the_fast_meshes_use_is_checked_at_start_up():
-    """What rankmesh.mesh reads, sets or overrides on torch's DeviceMesh (its methods, its annotated
-    fields and the fields its ``__init__`` and other methods set) is in the self-check's lists (or is the one
-    version-dependent field, the one patched method, or the fast mesh's own hash cache)."""
+def checked_at_start_up() -> set[str]:
+    """The private torch members the start-up self-check names (``rankmesh._torch_compat``'s lists),
+    and the attributes rankmesh's patches replace, each recognised by its body (:mod:`rankmesh.patches`)."""
     from rankmesh import _torch_compat as compat
-    from torch.distributed.device_mesh import DeviceMesh
+    from rankmesh import patches
 
-    tree = ast.parse((PACKAGE / "mesh.py").read_text())
+    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | set(compat._TENSOR_FIELDS)
+    checked |= {f for f, _ in compat._READ_FIELDS}
+    checked |= {"_preserve_rank_order"}  # HAS_PRESERVE_RANK_ORDER: set on every torch, read where it exists
+    for patch in patches.REGISTRY.values():
+        checked |= {patch.attribute} | {path.rsplit(".", 1)[-1] for b in patch.bodies.values() for path in b}
+    return checked
+
+
+def private_members_named(tree: ast.AST, members: set[str]) -> set[str]:
+    """The private ``members`` a module names: as attributes (``x._layout``), as strings (``d["_rank"]``,
+    ``getattr(m, "_x")``) and as the names of functions it defines (an override)."""
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     names |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}  # overrides
-    read_fields = {f for f, _ in compat._READ_FIELDS}
-    torch_members = set(dir(DeviceMesh)) | torch_fields() | read_fields
-    used = {n for n in names if n.startswith("_") and not n.startswith("__") and n in torch_members}
-    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | read_fields | compat._CONCATENATE_READS
-    checked |= {"_preserve_rank_order", "_concatenate"}  # HAS_PRESERVE_RANK_ORDER; install_concatenate
-    # _hash: the fast mesh's own __hash__ caches its hash there, and its pickles write None there as
-    # torch's __getstate__ does; torch's __hash__ never runs on a fast mesh.
-    checked |= {"_hash"}
-    assert {"_dim_group_names", "_layout", "_coordinate_on_dim", "_flatten_rank_map"} <= used
-    assert not used - checked, sorted(used - checked)
+    names |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    return {n for n in names if n.startswith("_") and not n.startswith("__") and n in members}
+
+
+def torch_private_members() -> set[str]:
+    """The private members of the torch classes whose objects rankmesh holds: ``DeviceMesh`` (its
+    methods, annotated fields and the fields its methods set) and ``Tensor``."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return set(dir(DeviceMesh)) | torch_fields() | set(dir(torch.Tensor))
+
+
+def test_every_private_torch_member_rankmesh_names_is_checked_at_start_up():
+    """What any module reads, sets or overrides of torch's DeviceMesh and Tensor (methods, annotated
+    fields, the fields ``__init__`` and other methods set, ``Tensor._version``) is in the self-check's
+    lists, or is an attribute a patch replaces after recognising its body."""
+    members, checked = torch_private_members(), checked_at_start_up()
+    used = {}
+    for name, path in _modules().items():
+        found = private_members_named(ast.parse(path.read_text(), str(path)), members)
+        if found:
+            used[name] = found
+    assert {"_dim_group_names", "_layout", "_coordinate_on_dim", "_flatten_rank_map"} <= used["rankmesh.mesh"]
+    assert "_version" in used["rankmesh._torch_compat"]
+    unchecked = {name: sorted(found - checked) for name, found in used.items() if found - checked}
+    assert not unchecked, unchecked
+
+
+def test_the_member_check_finds_an_unchecked_one():
+    src = "def f(t, m):\n    return t._version, m._flatten_rank_map, m._rm_world, getattr(m, '_pg_registry')\n"
+    found = private_members_named(ast.parse(src), torch_private_members())
+    assert found == {"_version", "_flatten_rank_map", "_pg_registry"}
+    assert found - checked_at_start_up() == set()
+    assert private_members_named(ast.parse("x._is_view()"), torch_private_members()) - checked_at_start_up() == {
+        "_is_view"
+    }
 
 
 def fields_written(tree: ast.AST) -> set[str]:
@@ -484,8 +527,8 @@ def test_the_field_check_finds_a_field_torch_renamed():
 
 
 def test_the_fake_backend_is_registered_in_one_place():
-    """Only rankmesh._fast_groups imports torch's fake backend (register_fake_backend,
-    init_fake_world); docstring examples may, for the reader."""
+    """Only rankmesh._fast_groups_check imports torch's fake backend (register_fake_backend, which
+    init_fake_world calls too); docstring examples may, for the reader."""
     found = {}
     for name, path in _modules().items():
         tree = ast.parse(path.read_text(), str(path))
@@ -493,7 +536,7 @@ def test_the_fake_backend_is_registered_in_one_place():
         mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         if any("fake_pg" in m for m in mods):
             found[name] = sorted(m for m in mods if "fake_pg" in m)
-    assert set(found) == {"rankmesh._fast_groups"}, found
+    assert set(found) == {"rankmesh._fast_groups_check"}, found
 
 
 # -- error kinds: one table (rankmesh.errors.ERROR_KINDS) --------------------------------------------
@@ -604,3 +647,38 @@ def test_the_error_kind_check_finds_a_kind_passed_positionally():
     assert positions == {"_mesh_error": {"kind": 4, "ctx": 5}, "_degrees_error": {"kind": 1}}
     assert error_kinds_used(tree, positions) == [("mesh_syntax", ()), ("empty_mesh", ("step",)), ("no_rank_left", ())]
     assert error_kinds_used(tree) == []  # what the check saw before it read the helpers' parameters
+
+
+def renamed(field: str) -> type:
+    """torch's ``DeviceMesh`` as a torch that renamed ``field`` would have it: its annotations and
+    the code of each of its methods say ``<field>_renamed`` instead."""
+    import types
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def rename(fn: types.FunctionType) -> types.FunctionType:
+        names = tuple(f"{n}_renamed" if n == field else n for n in fn.__code__.co_names)
+        new = types.FunctionType(fn.__code__.replace(co_names=names), fn.__globals__, fn.__name__, fn.__defaults__)
+        new.__kwdefaults__ = fn.__kwdefaults__
+        return new
+
+    ns = {n: rename(v) for n, v in vars(DeviceMesh).items() if isinstance(v, types.FunctionType) and not v.__closure__}
+    ns["__annotations__"] = {f"{k}_renamed" if k == field else k: v for k, v in DeviceMesh.__annotations__.items()}
+    return type("DeviceMesh", (DeviceMesh,), ns)
+
+
+def test_a_torch_that_renamed_a_field_rankmesh_writes_fails_the_self_check(monkeypatch):
+    """rankmesh's meshes set torch's fields from precomputed state; a torch that renamed one would
+    read its own field, unset or stale, where rankmesh set the old name. Every field mesh.py writes
+    (but ``_preserve_rank_order``, set on every torch and read only where it exists) is named by the
+    start-up self-check, which refuses such a torch."""
+    from rankmesh import _torch_compat as compat
+
+    written = fields_written(ast.parse((PACKAGE / "mesh.py").read_text()))
+    torchs = {f for f in written if not f.startswith(OWN_FIELD_PREFIX)} - {"_preserve_rank_order"}
+    assert {"_coordinate_on_dim", "_dim_group_names", "_flatten_rank_map", "_hash", "_layout"} <= torchs
+    assert compat._self_check() is None
+    for field in sorted(torchs):
+        monkeypatch.setattr(compat, "DeviceMesh", renamed(field))
+        reason = compat._self_check()
+        assert reason is not None and field in reason, (field, reason)

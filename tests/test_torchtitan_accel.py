@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import _once, _torch_compat
+from rankmesh import _dependencies, _once, _torch_compat
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
@@ -303,7 +303,7 @@ def test_build_after_restore_is_stock():
 
 
 def test_unknown_torchtitan_version_warns_once_and_leaves_torch(monkeypatch):
-    monkeypatch.setattr(rt, "installed_version", lambda: "0.9.9")
+    monkeypatch.setitem(_dependencies._versions, "torchtitan", "0.9.9")
     monkeypatch.setattr(_once, "_seen", set())
     unread = r"torchtitan 0\.9\.9 is not a version rankmesh has read \(supported: 0\.3\.0\)"
     with pytest.warns(RuntimeWarning, match=unread):

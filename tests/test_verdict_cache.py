@@ -27,6 +27,7 @@ import linecache  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from rankmesh import _fast_groups as fg  # noqa: E402
+from rankmesh import _fast_groups_check as fgc  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
 from tests.conftest import FAKE, SPLITFAKE, fake_world  # noqa: E402
@@ -36,9 +37,8 @@ NEW_GROUP = f"new_group backend={FAKE}"
 
 def _new_process(monkeypatch) -> None:
     """Forget every verdict this process holds (the files stay)."""
-    monkeypatch.setattr(fg, "_state", {})
-    monkeypatch.setattr(fg, "_split_state", {})
-    monkeypatch.setattr(fg, "_bodies_checked", {})
+    monkeypatch.setattr(fgc, "_state", {})
+    monkeypatch.setattr(fgc, "_split_state", {})
     _verdicts.forget()
 
 
@@ -65,9 +65,10 @@ def counted(monkeypatch):
         return wrapper
 
     monkeypatch.setattr(linecache, "getlines", counter("source", linecache.getlines))
-    monkeypatch.setattr(fg, "bodies_unknown", counter("bodies", fg.bodies_unknown))
+    new_group = fgc.KNOWN_BODIES["new_group"]
+    monkeypatch.setattr(new_group, "recognise", counter("bodies", new_group.recognise))
     # each probe's first step
-    monkeypatch.setattr(fg, "register_fake_backend", counter("probe", fg.register_fake_backend))
+    monkeypatch.setattr(fgc, "register_fake_backend", counter("probe", fgc.register_fake_backend))
     return calls
 
 
@@ -271,7 +272,7 @@ def test_the_split_verdict_is_keyed_by_the_accelerator(cache, monkeypatch):
                 fg.split_self_check()
         finally:
             default.bound_device_id = None
-    if fg.SPLIT_SHAPE is None:  # torch's own split_group: decided without a check to keep
+    if fgc.SPLIT_SHAPE is None:  # torch's own split_group: decided without a check to keep
         assert not cache.exists()
         return
     verdicts = json.loads(_the_file(cache).read_text())["verdicts"]

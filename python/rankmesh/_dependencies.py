@@ -32,7 +32,9 @@ __all__ = [
     "Dependency",
     "version",
     "release_of",
+    "release_in",
     "available",
+    "install_hint",
     "unsupported",
     "warn_unsupported",
     "report",
@@ -65,23 +67,38 @@ class Dependency:
         return self.release(version) is not None
 
     def release(self, version: str) -> str | None:
-        """The release of :attr:`releases` that ``version`` belongs to, or None (a PEP 440 version
-        read with one regular expression: packaging costs ~3 ms to import, and this is asked on
-        the first mesh a process builds)."""
-        m = _VERSION.match(version.strip())
-        if m is None:
-            return None
-        have = tuple(int(x) for x in m.group(1).split("."))
-        for r in self.releases:
-            want = tuple(int(x) for x in r.split("."))
-            if have[: len(want)] == want:
-                return r
-        return None
+        """The release of :attr:`releases` that ``version`` belongs to, or None (:func:`release_in`)."""
+        return release_in(version, self.releases)
 
     @property
     def supported(self) -> str:
         """The releases, for messages: ``"0.16"`` or ``"2.13, 2.14, 2.15"``."""
         return ", ".join(self.releases)
+
+
+def release_in(version: str, releases: tuple[str, ...]) -> str | None:
+    """The first of ``releases`` that ``version`` belongs to, or None: a release holds every version
+    that starts with it, its pre-releases and local builds (a PEP 440 version read with one regular
+    expression: packaging costs ~3 ms to import, and this is asked on the first mesh a process
+    builds).
+
+        >>> release_in("2.15.0+cu132", ("2.13", "2.15")), release_in("0.16.0", ("0.16.1",))
+        ('2.15', None)
+    """
+    hit = _releases.get((version, releases), "")
+    if hit != "":
+        return hit
+    m = _VERSION.match(version.strip())
+    found = None
+    if m is not None:
+        have = tuple(int(x) for x in m.group(1).split("."))
+        found = next((r for r in releases if have[: len(r.split("."))] == tuple(int(x) for x in r.split("."))), None)
+    if len(_releases) < 256:
+        _releases[(version, releases)] = found
+    return found
+
+
+_releases: dict[tuple[str, tuple[str, ...]], str | None] = {}  # asked by every check on the first mesh
 
 
 #: Every package rankmesh reads beyond numpy, by distribution name.
@@ -199,22 +216,34 @@ def available(distribution: str) -> bool:
         return False
 
 
+def install_hint(distribution: str) -> str:
+    """How to install ``distribution`` with rankmesh: the one place a ``pip install`` line is written.
+
+    >>> install_hint("matplotlib")
+    "pip install 'rankmesh[plot]'"
+    """
+    return f"pip install 'rankmesh[{DEPENDENCIES[distribution].extra}]'"
+
+
 def unsupported(
-    distribution: str, releases: tuple[str, ...] | None = None, *, installed: str | None = ""
+    distribution: str,
+    releases: tuple[str, ...] | None = None,
+    *,
+    installed: str | None = "",
+    reader: str = "rankmesh",
 ) -> str | None:
     """Why the installed ``distribution`` is not one rankmesh has read (not installed, or another
     version), or None when it is. ``releases`` narrows :attr:`Dependency.releases` for a feature
     read against fewer (e.g. the Megatron-FSDP patch: ``("0.16.1",)``); ``installed`` is the
-    version to judge (default: :func:`version`'s answer; None: not installed)."""
-    dep = DEPENDENCIES[distribution]
-    if releases is not None:
-        dep = Dependency(dep.distribution, dep.module, releases, dep.extra, dep.used_for)
+    version to judge (default: :func:`version`'s answer; None: not installed); ``reader`` names
+    who has read the releases (``"this patch"``) in the reason."""
+    releases = DEPENDENCIES[distribution].releases if releases is None else releases
     if installed == "":
         installed = version(distribution)
     if installed is None:
-        return f"{distribution} is not installed (pip install 'rankmesh[{dep.extra}]')"
-    if not dep.supports(installed):
-        return f"{distribution} {installed} is not a version rankmesh has read (supported: {dep.supported})"
+        return f"{distribution} is not installed ({install_hint(distribution)})"
+    if release_in(installed, releases) is None:
+        return f"{distribution} {installed} is not a version {reader} has read (supported: {', '.join(releases)})"
     return None
 
 

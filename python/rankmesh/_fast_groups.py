@@ -23,30 +23,19 @@ those arguments, minus the work that cannot fail:
 Torch's own ``new_group`` runs instead, with the same arguments, whenever anything is not the
 plain case this reproduces: TorchComms, ``TORCH_DIST_INIT_BARRIER=1``, a default group bound to a
 device, a Python process group that makes its own subgroups, MPI, or a torch this module has
-not read. Each fast path is allow-listed by torch release plus the hash of every torch function
-body it reproduces (:data:`KNOWN_BODIES`; a patch release that changes a body fails the gate
-whatever its version says). :func:`self_check` decides once per default group: it checks the
-allow-list, the private names this module uses, the naming scheme against torch's own
-``_hash_ranks_to_str``, and makes a one-rank ``fake`` probe group both ways, comparing the
-group's own entries and everything each call wrote into c10d's registry: every table of
-``_world`` and every table global of ``distributed_c10d``, found by walking them, so a table a
-new torch adds is compared too (then destroys both and winds the counter back, so the next
-group gets the name torch's own call would give it).
-A failed check warns once and falls back to torch's calls. What the bodies and the probe decide is
-the same in every process that runs the same code, so it is kept once per torch install
-(:mod:`rankmesh._verdicts`, like a ``.pyc``) under a key of everything that decides it: torch's
-release and build, the size and mtime of every file the checked and probed functions come from,
-those functions as this process has them (a wrapper or monkeypatch is another key), the known
-hashes, rankmesh's and Python's versions, and for the split path the accelerator and the bound
-device type. The in-process checks (the private names, the naming scheme) and the per-call gates
-(barrier, TorchComms, a bound device, ``RANKMESH_DISABLE``) still run in every process.
+not read. Whether this torch is one it has read is :mod:`rankmesh._fast_groups_check`'s question
+(:func:`self_check`, :func:`split_self_check`: each fast path allow-listed by torch release plus
+the hash of every torch function body it reproduces, then a one-rank ``fake`` probe made both
+ways and compared table by table; decided once per default group, its verdict kept once per torch
+install). A failed check warns once and falls back to torch's calls. The per-call gates (barrier,
+TorchComms, a bound device, ``RANKMESH_DISABLE``) run here, in every process.
 
 The ``split_group`` path (a default group bound to a device, e.g. NCCL eager init) is made the
 same way by :func:`split_member_group`: torch's ``split_group(split_ranks=[my_group])`` spends
 its per-member Python inverting the parent's rank table (O(W) for the default group), checking
 and searching the ranks, hashing the joined ranks, and building two lists and two dicts of the
 group. rankmesh reproduces the body of the one ``split_group`` it has read (torch 2.15's, by
-release and body hash: :data:`KNOWN_BODIES`), calling the backend's own
+release and body hash: ``_fast_groups_check.KNOWN_BODIES``), calling the backend's own
 ``ProcessGroup.split_group`` with torch's hashed name and registering the child with torch's own
 ``HealthCheckHook``, ``_maybe_attach_flight_recorder`` and ``_register_pg_in_world``. Its start-up
 probe splits a one-rank ``fake`` parent both ways (local: no collective, no store keys) and
@@ -60,11 +49,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime
-import inspect
-import os
-import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -72,21 +58,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from rankmesh import _verdicts
+from rankmesh import _fast_groups_check as check
+from rankmesh._fast_groups_check import register_fake_backend
 from rankmesh._native import hashed_group_name
-from rankmesh._once import warn_once
-from rankmesh._patch import body_unknown, disabled
+from rankmesh._patch import disabled
 from rankmesh.errors import DistributedStateError
 
 __all__ = [
     "FAST_GROUPS",
-    "KNOWN_BODIES",
     "LAZY_TABLE_MIN",
     "RANK_TABLES",
     "RankTable",
-    "SCHEME",
-    "SPLIT_SHAPE",
-    "bodies_unknown",
     "ensure_backend_registered",
     "group_device_types",
     "options_timeout",
@@ -100,409 +82,40 @@ __all__ = [
     "split_member_group",
     "split_non_member",
     "split_self_check",
-    "torch_release",
     "uses_fast_path",
     "uses_fast_split",
 ]
 
-# The private members of torch.distributed.distributed_c10d this module calls or reads.
-_FUNCTIONS = (
-    "_get_default_group",
-    "_new_process_group_helper",
-    "_get_default_timeout",
-    "_check_valid_timeout",
-    "_is_barrier_after_init",
-    "_hash_ranks_to_str",
-    "_process_group_name",
-    "_use_torchcomms_enabled",
-    "_resolve_process_group",
-)
 #: The name ``RANKMESH_DISABLE`` takes to keep rankmesh out of c10d's registry: every group is
 #: then torch's own ``new_group`` / ``split_group`` call.
 FAST_GROUPS = "fast_groups"
-_TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg", "group_count")
-
-#: The torch bodies each fast path reproduces, by torch release: the
-#: :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
-#: listed release whose bodies all hash as listed; anything else gets torch's own calls, after one
-#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources, compiled
-#: and cut with :func:`rankmesh._patch.code_lines`, without installing them; they equal what
-#: ``inspect.getsource`` gives, as do the others.)
-KNOWN_BODIES: dict[str, dict[str, dict[str, str]]] = {
-    "new_group": {
-        "2.13": {
-            "new_group": "47374139b94f2439",
-            "_new_group_with_tag": "611b36bbe829f9ab",
-            "_process_group_name": "7e6fc29384da5cd8",
-            "_hash_ranks_to_str": "0b18a6130bc29871",
-        },
-        "2.14": {
-            "new_group": "40b4162dab7111dd",
-            "_new_group_with_tag": "cb54f76632d7c2f8",
-            "_process_group_name": "710d483e6c074a3f",
-            "_hash_ranks_to_str": "6b4e40a881640221",
-        },
-        "2.15": {
-            "new_group": "3ce46582957e046d",
-            "_new_group_with_tag": "cb54f76632d7c2f8",
-            "_process_group_name": "710d483e6c074a3f",
-            "_hash_ranks_to_str": "6b4e40a881640221",
-        },
-    },
-    "split_group": {
-        "2.15": {
-            "split_group": "d2f90c7399463483",
-            "_process_group_name": "710d483e6c074a3f",
-            "_hash_ranks_to_str": "6b4e40a881640221",
-        },
-    },
-}
-
-
-def torch_release() -> str:
-    """``"2.15"`` for torch ``2.15.0+cu132``: the release :data:`KNOWN_BODIES` is keyed by."""
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
-
-
-def bodies_unknown(path: str) -> str | None:
-    """Why the ``path`` fast path (``"new_group"`` or ``"split_group"``) may not run on this torch
-    (its release is not listed in :data:`KNOWN_BODIES`, or a body it reproduces hashes to
-    something else), or None when it may."""
-    known = KNOWN_BODIES[path].get(torch_release())
-    if known is None:
-        listed = ", ".join(KNOWN_BODIES[path])
-        return f"torch {torch.__version__} is not a release rankmesh's {path} path is known for ({listed})"
-    fns = {name: getattr(c10d, name, None) for name in known}
-    missing = [name for name, fn in fns.items() if not callable(fn)]
-    if missing:
-        return f"torch.distributed lacks {missing}"
-    key = (path, tuple(known.items()), tuple(id(f) for f in fns.values()))  # same bodies: same answer
-    if key not in _bodies_checked:
-        _bodies_checked[key] = next(
-            (
-                reason
-                for name, digest in known.items()
-                if (reason := body_unknown(f"torch.distributed.distributed_c10d.{name}", fns[name], {digest}))
-            ),
-            None,
-        )
-    return _bodies_checked[key]
-
-
-_bodies_checked: dict[tuple[Any, ...], str | None] = {}
-
-
-#: How each release salts hashed group names: ``"group_count"`` (2.14, 2.15: the counter every
-#: rank advances on every group-name draw) or ``"pg_names"`` (2.13: the number of groups this rank
-#: has registered; the counter moves only for unhashed names). The body hashes of
-#: ``_process_group_name`` and ``_hash_ranks_to_str`` in :data:`KNOWN_BODIES` pin it, and the
-#: start-up check compares the names both ways.
-SCHEMES: dict[str, str] = {"2.13": "pg_names", "2.14": "group_count", "2.15": "group_count"}
-
-
-SCHEME: str | None = SCHEMES.get(torch_release())
-_state: dict[int, bool] = {}  # id(default group) -> fast path usable
-
-
-def _salt() -> int:
-    w = c10d._world
-    return w.group_count if SCHEME == "group_count" else len(w.pg_names)
 
 
 def _draw_name(ranks: np.ndarray) -> str:
     """torch's ``_process_group_name(ranks, use_hashed_name=True)``: the name, and the counter
-    moved as torch moves it."""
-    name = hashed_group_name(ranks, _salt())
-    if SCHEME == "group_count":
+    moved as torch moves it (``_fast_groups_check.SCHEME``)."""
+    name = hashed_group_name(ranks, check.salt())
+    if check.SCHEME == "group_count":
         c10d._world.group_count += 1
     return name
 
 
-def _static_reason() -> str | None:
-    """Why the fast paths may not run here, from what this process can see at no cost (the private
-    names they use, a known naming scheme), or None. What the bodies and the probes decide is
-    :func:`_checked`'s."""
-    missing = [f for f in _FUNCTIONS if not callable(getattr(c10d, f, None))]
-    world = getattr(c10d, "_world", None)
-    missing += [f"_world.{t}" for t in _TABLES if not hasattr(world, t)]
-    if missing:
-        return f"torch.distributed lacks {missing}"
-    if SCHEME is None:
-        return "torch's hashed group names use a salt rankmesh does not know"
-    return None
-
-
-def _names_reason() -> str | None:
-    """Why rankmesh's hashed group names (:func:`hashed_group_name`) are not torch's
-    (``_hash_ranks_to_str``), or None."""
-    for probe in ([0], [0, 1, 2, 3], [5, 17, 1024, 131071]):
-        if c10d._hash_ranks_to_str(probe) != hashed_group_name(np.asarray(probe, dtype=np.int32), _salt()):
-            return f"torch's _hash_ranks_to_str({probe}) differs from rankmesh's"
-    return None
-
-
-# -- the verdicts, kept once per torch install (rankmesh._verdicts) ------------------------------
-
-#: What the probes run besides the bodies :data:`KNOWN_BODIES` names, on torch's side (looked up
-#: where the calls look them up) and rankmesh's: any of them replaced in this process (a wrapper,
-#: a monkeypatch) makes another key, so a verdict is never reused for other code.
-_PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
-_PROBED_OURS = ("_create", "_split", "_draw_name", "_salt", "_names_reason", "_probe_reason", "_split_probe_reason",
-                "_entries", "_registry", "_writes", "_writes_differing", "hashed_group_name", "_as_list",
-                "_rank_table")  # fmt: skip
-
-
-def _code_of(obj: Any) -> tuple[str, Any]:
-    """``obj``'s qualified name and its code object (None for a class or a builtin)."""
-    fn = getattr(obj, "__func__", obj)
-    name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-    return name, getattr(fn, "__code__", None)
-
-
-def _verdict_key(path: str, extra: dict[str, Any]) -> dict[str, Any] | None:
-    """What decides the ``path`` check's verdict (``"new_group"`` or ``"split_group"``): torch's
-    release and build, Python's and rankmesh's versions, the bodies :data:`KNOWN_BODIES` lists and
-    their hashes, every function the check reads or runs as this process has it (its name, file
-    and first line: a wrapper or a replacement is another key), and the size and mtime of every
-    file they come from (``os.stat``, nothing read). None when a file cannot be stat'ed (then
-    nothing is cached)."""
-    import rankmesh
-
-    release = torch_release()
-    known = {p: KNOWN_BODIES[p].get(release) for p in (path, "new_group")}
-    objs = [getattr(dist, n, None) for n in ("new_group", "split_group")]
-    objs += [getattr(c10d, n, None) for n in _PROBED_TORCH + _FUNCTIONS + _SPLIT_FUNCTIONS]
-    objs += [inspect.unwrap(getattr(c10d, n, None)) for p in known.values() for n in (p or {})]
-    here = globals()
-    objs += [here[n] for n in _PROBED_OURS]
-    files = [c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)]
-    code: list[Any] = []
-    seen: set[int] = set()
-    for obj in objs:
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        name, co = _code_of(obj)
-        if co is None:
-            code.append(name)
-            continue
-        if co.co_filename not in files:
-            files.append(co.co_filename)
-        code.append([name, files.index(co.co_filename), co.co_firstlineno])
-    return _verdicts.code_key(
-        files,
-        check=path,
-        torch=[str(torch.__version__), str(getattr(torch.version, "git_version", ""))],  # str: cheap ==
-        rankmesh=rankmesh.__version__,
-        release=release,
-        scheme=SCHEME,
-        bodies=known,
-        code=code,
-        **extra,
-    )
-
-
-def _checked(path: str, extra: dict[str, Any], compute: Callable[[], str | None]) -> str | None:
-    """``compute()``'s verdict for the ``path`` check, kept once per torch install under
-    :func:`_verdict_key` (:mod:`rankmesh._verdicts`): later processes with the same torch,
-    rankmesh and Python files read it instead of hashing torch's source and probing."""
-    key = _verdict_key(path, extra)
-    if key is None:
-        return compute()
-    name = " ".join([path, *(f"{k}={v}" for k, v in extra.items())])  # e.g. "new_group backend=fake"
-    return _verdicts.verdict(name, key, compute, scope=f"{os.path.dirname(torch.__file__)} {sys.version}")
-
-
-def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
-    w = c10d._world
-    name = w.pg_names[pg]
-    return {
-        "backend": w.pg_map[pg][0],
-        "group_ranks": dict(w.pg_group_ranks[pg]),
-        "backend_config": w.pg_backend_config[pg],
-        "tag": w.pg_to_tag[pg].replace(name, "<name>"),
-        "tagged": pg in w.tags_to_pg.get(w.pg_to_tag[pg], []),
-        "group_name": pg.group_name == name,
-        "desc": pg.group_desc,
-        "size": pg.size(),
-        "rank": pg.rank(),
-        "bound_device_id": pg.bound_device_id,
-        "flight_recorder": pg in getattr(w, "pg_flight_recorder_hooks", {}),
-        "device_types": sorted(d.type for d in pg._device_types),
-    }
-
-
-def _entries_differing(theirs: dist.ProcessGroup, ours: dist.ProcessGroup) -> list[str]:
-    """The registry entries (:func:`_entries`) in which rankmesh's group differs from torch's."""
-    a, b = _entries(theirs), _entries(ours)
-    return sorted(k for k in a if a[k] != b.get(k))
-
-
-# -- every table a group creation may write -----------------------------------------------------
-
-
-def _registry() -> dict[str, Any]:
-    """Every table of c10d's registry, copied one level deep: each attribute of ``_world`` and
-    each dict, list, set or int global of ``distributed_c10d`` (``_world``'s properties answer
-    these globals, or views computed afresh from them such as ``pg_config_info``, which would
-    list the default group's W ranks on every read). Nothing is picked by hand: a table a new
-    torch adds is in it."""
-    out: dict[str, Any] = {}
-    for prefix, space in (("_world.", vars(c10d._world)), ("c10d.", vars(c10d))):
-        for n, v in space.items():
-            if _is_table(v) and not n.startswith("__"):
-                out[prefix + n] = _copy(v)
-    return out
-
-
-def _is_table(v: Any) -> bool:
-    t = type(v)  # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
-    if t in _TABLE_TYPES:
-        return True
-    if t in _NOT_TABLES:
-        return False
-    if t is not bool and issubclass(t, _TABLE_TYPES):
-        return True
-    _NOT_TABLES.add(t)
-    return False
-
-
-_NOT_TABLES: set[type] = set()  # types seen that hold no table (functions, classes, modules, ...)
-_TABLE_TYPES = (dict, list, set, int)
-
-
-def _copy(v: Any) -> Any:
-    """A table copied so that a later write shows: a dict's own entries, and the lists and sets
-    in it (torch appends to ``tags_to_pg``'s lists in place). Dicts in a dict are kept as they are:
-    a group's rank table is written whole, and the default group's is W entries long."""
-    if isinstance(v, dict):
-        return {k: (type(x)(x) if isinstance(x, (list, set)) else x) for k, x in v.items()}
-    return type(v)(v) if isinstance(v, (list, set)) else v
-
-
-def _normal(x: Any, pg: Any, name: str) -> Any:
-    """``x`` with the new group and its name replaced by placeholders and other objects by their
-    type, so that torch's and rankmesh's writes compare equal when they are the same writes."""
-    if x is pg:
-        return "<group>"
-    if isinstance(x, str):
-        return x.replace(name, "<name>") if name else x
-    if isinstance(x, (bool, int, float)) or x is None:
-        return x
-    if isinstance(x, (list, tuple)):
-        return type(x)(_normal(y, pg, name) for y in x)
-    if isinstance(x, (set, frozenset)):
-        return sorted(repr(_normal(y, pg, name)) for y in x)
-    if isinstance(x, dict):
-        return sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in x.items())
-    if isinstance(x, datetime.timedelta):
-        return x
-    return type(x).__name__
-
-
-def _writes(before: dict[str, Any], pg: Any, after: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What making ``pg`` wrote into the registry between ``before`` and ``after`` (now, by
-    default; both :func:`_registry`): per table, the entries added or replaced, the items
-    appended, or how far a counter moved."""
-    name = c10d._world.pg_names.get(pg, "")
-    after = _registry() if after is None else after
-    out: dict[str, Any] = {}
-    for table in sorted(before.keys() | after.keys()):
-        a, b = before.get(table), after.get(table)
-        if isinstance(a, dict) and isinstance(b, dict):
-            changed = []
-            for k, v in b.items():
-                if k not in a:
-                    changed.append((k, v))
-                elif isinstance(v, list) and isinstance(a[k], list) and v[: len(a[k])] == a[k]:
-                    if len(v) > len(a[k]):
-                        changed.append((k, ("<appended>", *v[len(a[k]) :])))
-                elif a[k] is not v and not _same(a[k], v):  # lists and sets: copies, compared
-                    changed.append((k, v))
-            changed += [(k, "<removed>") for k in a if k not in b]
-            if changed:
-                out[table] = sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in changed)
-        elif isinstance(a, (list, set)) and isinstance(b, (list, set)):
-            if a != b:
-                grown = [x for x in b if x not in a] if isinstance(b, set) else b[len(a) :]
-                out[table] = sorted(repr(_normal(x, pg, name)) for x in grown)
-        elif isinstance(a, int) and isinstance(b, int):
-            if a != b:
-                out[table] = b - a
-        elif a is not b:
-            out[table] = (type(a).__name__, type(b).__name__)
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - e.g. arrays: compare as different, which is safe
-        return False
-
-
-def _writes_differing(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
-    """The registry tables torch's call and rankmesh's wrote differently (:func:`_writes`)."""
-    return sorted(t for t in theirs.keys() | ours.keys() if theirs.get(t) != ours.get(t))
-
-
-def _probe_reason(backend: str) -> str | None:
-    """Make a one-rank probe group both ways and compare every registry entry."""
-    register_fake_backend()
-
-    me = dist.get_rank()
-    ranks = np.asarray([me], dtype=np.int32)
-    w = c10d._world
-    made = []
-    start = w.group_count
-    try:
-        want_name = hashed_group_name(ranks, _salt())
-        count, before = w.group_count, _registry()
-        theirs = dist.new_group([me], backend=backend, use_local_synchronization=True, group_desc="rankmesh_probe")
-        made.append(theirs)
-        between = _registry()  # after torch's call, before rankmesh's
-        torch_step, torch_writes = w.group_count - count, _writes(before, theirs, between)
-        if w.pg_names[theirs] != want_name:
-            return "rankmesh's name for torch's probe group differs from torch's"
-        count, before = w.group_count, between
-        ours = _create(ranks, [me], backend, None, None, "rankmesh_probe")
-        made.append(ours)
-        if w.group_count - count != torch_step:
-            return "torch's group counter moves differently"
-        diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
-        if diff:
-            return f"the probe group's registry entries differ from torch's: {diff}"
-    except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
-        return f"the probe group failed: {type(e).__name__}: {e}"
-    finally:
-        for pg in made:
-            dist.destroy_process_group(pg)
-        # The probe leaves no trace: the next group gets the name torch's own call would give it.
-        w.group_count = start
-    return None
+def _makers() -> tuple[Any, ...]:
+    """rankmesh's functions that make a group as torch would (what the probes run on rankmesh's
+    side: part of the start-up verdict's key), as this process has them now."""
+    return (_create, _split, _draw_name, _as_list, _rank_table)
 
 
 def self_check(backend: str = "fake") -> bool:
     """Whether :func:`new_member_group` may make groups itself under the current default group
-    (decided once per default group; every rank of the job runs the same probe, or reads its
-    verdict from the once-per-install cache: :func:`_checked`)."""
-    default = c10d._get_default_group()
-    key = id(default)
-    if key not in _state:
-        reason = _static_reason() or _checked(
-            "new_group",
-            {"backend": backend},
-            lambda: bodies_unknown("new_group") or _names_reason() or _probe_reason(backend),
-        )
-        _state.clear()
-        _state[key] = reason is None
-        if reason is not None:
-            _warn_once(f"{reason}; making process groups with torch's own new_group")
-    return _state[key]
+    (decided once per default group: :func:`rankmesh._fast_groups_check.new_group_ok`)."""
+    return check.new_group_ok(backend, _create, _makers())
 
 
-def _warn_once(message: str) -> None:
-    warn_once(("fast_groups", message), f"rankmesh: {message} (correct, but O(members) Python per group)", stacklevel=4)
+def split_self_check() -> bool:
+    """Whether :func:`split_member_group` may split groups itself under the current default group
+    (decided once per default group: :func:`rankmesh._fast_groups_check.split_ok`)."""
+    return check.split_ok(_split, _makers())
 
 
 def uses_fast_path(backend: str | None) -> bool:
@@ -768,7 +381,7 @@ def _refuse_stale_name(ranks: np.ndarray, backend: str | None) -> set[str] | Non
     current world's set of names drawn (for the caller to add the new group's name to), or None
     where names cannot repeat (torch 2.14 and 2.15 salt with a counter that never goes down) or
     the backend keeps nothing in the store (``fake``)."""
-    if SCHEME != "pg_names":
+    if check.SCHEME != "pg_names":
         return None
     default = c10d._get_default_group()
     if c10d.Backend(backend or c10d._world.pg_map[default][0]) == "fake":
@@ -776,7 +389,7 @@ def _refuse_stale_name(ranks: np.ndarray, backend: str | None) -> set[str] | Non
     if _drawn[0] is None or _drawn[0]() is not default:  # a new world: nothing drawn in it yet
         _drawn[:] = [weakref.ref(default), set()]
     names: set[str] = _drawn[1]
-    name = hashed_group_name(ranks, _salt())
+    name = hashed_group_name(ranks, check.salt())
     if name in names and name not in c10d._world.pg_names.values():
         raise DistributedStateError(
             f"torch {torch.__version__} would name this rank's new group of {len(ranks)} ranks "
@@ -792,20 +405,6 @@ def _refuse_stale_name(ranks: np.ndarray, backend: str | None) -> set[str] | Non
 
 
 # -- the split_group path ----------------------------------------------------------------------
-
-_SPLIT_FUNCTIONS = ("_register_pg_in_world", "_maybe_attach_flight_recorder", "HealthCheckHook", "BackendConfig")
-_split_state: dict[int, bool] = {}  # id(default group) -> fast split usable
-
-
-def _split_shape() -> str | None:
-    release = torch_release()
-    return release if release in KNOWN_BODIES["split_group"] else None
-
-
-#: Which torch release's ``split_group`` :func:`split_member_group` reproduces here, or None
-#: (the bodies' hashes are checked once, by :func:`split_self_check`).
-SPLIT_SHAPE: str | None = _split_shape()
-
 
 def group_device_types(pg) -> set[str]:
     """The device types a process group has backends for (c10d's private ``_device_types``; empty
@@ -828,19 +427,11 @@ def ensure_backend_registered(name: str) -> None:
         ensure(name)
 
 
-def register_fake_backend() -> None:
-    """Registers torch's ``fake`` backend with c10d: importing its module does it (idempotent,
-    ~0.3 ms the first time). The one place rankmesh does."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
-
 def init_fake_world(world_size: int, rank: int) -> None:
     """``init_process_group`` on the ``fake`` backend: one process stands in for ``rank`` of a
     ``world_size``-rank job (the demo, the benchmarks, the workloads)."""
-    register_fake_backend()
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    fake_pg = register_fake_backend()
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_pg.FakeStore())
 
 
 def registered_groups() -> int:
@@ -946,74 +537,6 @@ def _split(
         rank_mapping=_rank_table(ranks, global_ranks),
     )
     return pg
-
-
-def _split_probe_reason() -> str | None:
-    """Split a one-rank ``fake`` parent both ways and compare every registry entry. Local to this
-    rank (the fake backend talks to no one, uses no store), so it cannot hang or collide with a
-    real group; the probe leaves no group behind and winds the counter back."""
-    register_fake_backend()
-
-    me = dist.get_rank()
-    w = c10d._world
-    made: list[Any] = []
-    start = w.group_count
-    try:
-        parent = dist.new_group([me], backend="fake", use_local_synchronization=True, group_desc="rankmesh_probe")
-        made.append(parent)
-        count, before = w.group_count, _registry()
-        theirs = dist.split_group(parent_pg=parent, split_ranks=[[0]], group_desc="rankmesh_probe_split")
-        if not isinstance(theirs, dist.ProcessGroup):
-            return "torch's split_group of the probe gave no group"
-        made.append(theirs)
-        between = _registry()  # after torch's call, before rankmesh's
-        torch_step, torch_writes = w.group_count - count, _writes(before, theirs, between)
-        count, before = w.group_count, between
-        ours = _split(parent, np.zeros(1, dtype=np.int32), [0], [me], None, None, "rankmesh_probe_split")
-        if ours is None:
-            return "rankmesh's split of the probe gave no group"
-        made.append(ours)
-        if w.group_count - count != torch_step:
-            return "torch's group counter moves differently in split_group"
-        diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
-        if diff:
-            return f"the split probe group's registry entries differ from torch's: {diff}"
-    except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
-        return f"the split probe failed: {type(e).__name__}: {e}"
-    finally:
-        for pg in reversed(made):
-            dist.destroy_process_group(pg)
-        w.group_count = start
-    return None
-
-
-def split_self_check() -> bool:
-    """Whether :func:`split_member_group` may split groups itself under the current default
-    group (decided once per default group, by the same local probe on every rank)."""
-    default = c10d._get_default_group()
-    key = id(default)
-    if key not in _split_state:
-        missing = [f for f in _SPLIT_FUNCTIONS if getattr(c10d, f, None) is None]
-        if SPLIT_SHAPE is None:
-            reason = f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces"
-        elif missing:
-            reason = f"torch.distributed lacks {missing}"
-        else:
-            accelerator = torch.accelerator.current_accelerator()  # which backend of the parent splits
-            bound = default.bound_device_id
-            reason = _static_reason() or _checked(
-                "split_group",
-                {"accelerator": accelerator and accelerator.type, "bound": bound and bound.type},
-                lambda: bodies_unknown("split_group")
-                or bodies_unknown("new_group")
-                or _names_reason()
-                or _split_probe_reason(),
-            )
-        _split_state.clear()
-        _split_state[key] = reason is None
-        if reason is not None:
-            _warn_once(f"{reason}; splitting process groups with torch's own split_group")
-    return _split_state[key]
 
 
 def uses_fast_split() -> bool:

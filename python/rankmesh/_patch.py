@@ -1,12 +1,18 @@
-"""The :class:`Patch` object every rankmesh patch is (a leaf module: it imports nothing of rankmesh).
+"""The :class:`Patch` object every rankmesh patch is, and :class:`KnownCode`, the one way rankmesh
+recognises a dependency's code (it imports only rankmesh's leaves: ``_once``, ``_dependencies``,
+``_verdicts``).
 
 Each patch is defined next to the code it installs (``rankmesh.mesh``: ``DeviceMesh._concatenate``;
 ``rankmesh.torchtitan.spmd_axis``: ``MeshAxis.__le__``; ``rankmesh.megatron.fsdp``: Megatron-FSDP's
-meshes); :mod:`rankmesh.patches` lists them all and undoes them.
+meshes; ``rankmesh.devicemesh``: torch's own ``DeviceMesh``); :mod:`rankmesh.patches` lists them all
+and undoes them. Each carries a :class:`KnownCode` (the dependency, the releases read, the bodies),
+and so do the checks that replace no attribute (the self-check's ``DeviceMesh._concatenate``,
+``_fast_groups``' two paths): one verb, ``recognise()``, answers None or why not for all of them.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -21,14 +27,14 @@ from rankmesh._once import warn_once
 
 __all__ = [
     "SWITCHES",
+    "KnownCode",
     "Patch",
-    "body_unknown",
-    "bodies_unknown",
     "code_lines",
     "disabled",
     "resolve",
     "source_hash",
     "text_hash",
+    "verdict_scope",
 ]
 
 _lock = threading.RLock()
@@ -80,44 +86,160 @@ def text_hash(lines: Any) -> str:
 
 
 def resolve(path: str) -> Any:
-    """The object at a dotted ``path``: the longest importable module prefix, then attributes."""
+    """The object at a dotted ``path``: the longest importable module prefix, then attributes (a
+    module imported already is taken as it is, without the import machinery)."""
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is not None:
+            try:
+                return _attributes(module, parts[i:])
+            except AttributeError:
+                break  # a submodule not imported yet: the import machinery finds it
+    for i in range(len(parts), 0, -1):
         try:
-            obj = importlib.import_module(".".join(parts[:i]))
+            module = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
-        for p in parts[i:]:
-            obj = getattr(obj, p)
-        return obj
+        return _attributes(module, parts[i:])
     raise ImportError(path)
 
 
-def bodies_unknown(name: str, fns: dict[str, Any], known: Any, *, scope: str) -> str | None:
-    """The first of ``fns`` (``{what: function}``) whose body hash is not in ``known[what]``, as
-    :func:`body_unknown` says it, or None: hashed once per install (:mod:`rankmesh._verdicts`,
-    keyed by the hashes known and each function's file, line, size and mtime), so a later process
-    reads no source. ``name`` and ``scope`` name the verdict and its file."""
-    key = _bodies_key(fns, {p: sorted(h) for p, h in known.items()})
-    if key is None:
-        return _bodies_reason(fns, known)
-    from rankmesh import _verdicts  # a leaf too
-
-    return _verdicts.verdict(name, key, lambda: _bodies_reason(fns, known), scope=f"{scope} {sys.version}")
+def _attributes(obj: Any, names: list[str]) -> Any:
+    for name in names:
+        obj = getattr(obj, name)
+    return obj
 
 
-def _bodies_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str | None:
+def verdict_scope(dependency: str) -> str:
+    """The verdict file (:mod:`rankmesh._verdicts`) of ``dependency``'s install: the folder its
+    module is imported from (``.../site-packages/torch``) and Python's version, so every check of
+    one install shares one file; its name and version where the module is not imported."""
+    from rankmesh import _dependencies
+
+    module = sys.modules.get(_dependencies.DEPENDENCIES[dependency].module)
+    where = os.path.dirname(getattr(module, "__file__", None) or "")
+    return f"{where or dependency + ' ' + str(_dependencies.version(dependency))} {sys.version}"
+
+
+class KnownCode:
+    """The code of one dependency that rankmesh has read, and the one question asked of it:
+    :meth:`recognise`.
+
+    ``bodies`` is the one shape every body hash is kept in: per release of ``dependency`` read,
+    ``{dotted path: {source hashes}}`` of every function whose behaviour rankmesh reproduces or
+    relies on (:func:`source_hash`; a release with no paths is recognised by its version alone). A
+    release holds the versions that start with it (``"2.15"``: 2.15.0+cu132; ``"0.16.1"``); each
+    must be one of the dependency's releases in :data:`rankmesh._dependencies.DEPENDENCIES`.
+    ``reader`` names who read them, in the reason for another version (``"this patch"``).
+
+        >>> import torch
+        >>> KnownCode("torch", {"2.13": {}, "2.14": {}, "2.15": {}}).recognise() is None  # by version alone
+        True
+        >>> code = KnownCode("torch", {r: {"torch.distributed.get_rank": {"0" * 16}} for r in ("2.13", "2.14", "2.15")})
+        >>> code.releases, code.recognise().startswith("torch.distributed.get_rank has a body rankmesh does not know")
+        (('2.13', '2.14', '2.15'), True)
+    """
+
+    def __init__(self, dependency: str, bodies: dict[str, dict[str, frozenset[str]]], *, reader: str = "rankmesh"):
+        from rankmesh._dependencies import DEPENDENCIES
+
+        read = [r for r in bodies if not DEPENDENCIES[dependency].supports(r)]
+        if read:
+            raise ValueError(f"{dependency} {read} is not among the releases rankmesh._dependencies lists")
+        self.dependency = dependency
+        self.bodies = bodies
+        self.reader = reader
+        self._seen: tuple[int, dict[str, frozenset[str]], tuple[Any, ...], str | None] | None = None
+
+    @property
+    def releases(self) -> tuple[str, ...]:
+        """The releases read, for messages and tables: the keys of :attr:`bodies`."""
+        return tuple(self.bodies)
+
+    def release(self) -> str | None:
+        """The release of :attr:`releases` the installed version belongs to, or None."""
+        from rankmesh import _dependencies
+
+        installed = _dependencies.version(self.dependency)
+        return None if installed is None else _dependencies.release_in(installed, self.releases)
+
+    def known(self) -> dict[str, frozenset[str]] | None:
+        """The bodies of the installed release (:meth:`release`), or None."""
+        release = self.release()
+        return None if release is None else self.bodies[release]
+
+    def recognise(self) -> str | None:
+        """Why the installed code is not the code read (not installed; a version not read; a
+        function missing; a body whose hash is not known), or None when it is. The bodies are
+        hashed once per install (:mod:`rankmesh._verdicts`, keyed by the hashes known and each
+        function's file, first line, size and mtime), so a later process reads no source."""
+        return self._unread() or self._bodies_reason()
+
+    def _unread(self) -> str | None:
+        from rankmesh._dependencies import unsupported
+
+        return unsupported(self.dependency, self.releases, reader=self.reader)
+
+    def _bodies_reason(self) -> str | None:
+        known = self.known() or {}
+        fns = {}
+        for path in known:
+            try:
+                fns[path] = resolve(path)
+            except (ImportError, AttributeError):
+                return f"{path} does not exist"
+        if not fns:
+            return None
+        from rankmesh import _verdicts  # a leaf too
+
+        # Asked again in this process (the self-check, then the patch): the same functions' code
+        # objects and the same hashes known give the same answer, without building the key.
+        codes = tuple(_code(fn) for fn in fns.values())
+        seen = self._seen
+        if seen is not None and seen[:2] == (_verdicts.generation(), known) and _same(seen[2], codes):
+            return seen[3]
+        key = _bodies_key(fns, {p: sorted(h) for p, h in known.items()})
+        if key is None:
+            reason = _hashes_reason(fns, known)
+        else:
+            name = "bodies " + " ".join(sorted(fns))
+            compute = functools.partial(_hashes_reason, fns, known)
+            reason = _verdicts.verdict(name, key, compute, scope=verdict_scope(self.dependency))
+        self._seen = (_verdicts.generation(), dict(known), codes, reason)
+        return reason
+
+    def __repr__(self) -> str:
+        return f"<rankmesh KnownCode of {self.dependency} {', '.join(self.releases)}>"
+
+
+def _code(fn: Any) -> Any:
+    """The code object of ``fn`` as rankmesh hashes it (unwrapped), or ``fn`` itself where it has none."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    return getattr(fn, "__code__", fn)
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _hashes_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str | None:
+    """The first of ``fns`` (``{dotted path: function}``) whose :func:`source_hash` is not in
+    ``known[path]``, said as why, or None."""
     for path, fn in fns.items():
-        reason = body_unknown(path, fn, known[path])
-        if reason is not None:
-            return reason
+        try:
+            digest = source_hash(fn)
+        except (OSError, TypeError):
+            return f"the source of {path} is not available"
+        if digest not in known[path]:
+            return f"{path} has a body rankmesh does not know (hash {digest})"
     return None
 
 
 def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]]) -> dict[str, Any] | None:
-    """What decides :meth:`Patch.unknown`'s body check, without reading a source file: the hashes
-    known, and each function as this process has it (file, first line, the file's size and mtime);
-    None when one has no code or its file cannot be stat'ed (then the bodies are hashed)."""
+    """What decides :meth:`KnownCode.recognise`'s body check, without reading a source file: the
+    hashes known, and each function as this process has it (file, first line, the file's size and
+    mtime); None when one has no code or its file cannot be stat'ed (then the bodies are hashed)."""
     from rankmesh._verdicts import code_key
 
     code = []
@@ -127,16 +249,6 @@ def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]]) -> dict[str, A
             return None
         code.append([path, co.co_filename, co.co_firstlineno])
     return code_key(sorted({c[1] for c in code}), known=known, code=code)
-
-
-def body_unknown(what: str, fn: Any, known: Any) -> str | None:
-    """Why ``fn``'s body is not one rankmesh has read (its :func:`source_hash` not in ``known``),
-    or None when it is; ``what`` names it in the reason."""
-    try:
-        digest = source_hash(fn)
-    except (OSError, TypeError):
-        return f"the source of {what} is not available"
-    return None if digest in known else f"{what} has a body rankmesh does not know (hash {digest})"
 
 
 #: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches`, ``fast_groups``
@@ -184,15 +296,13 @@ class Patch:
         make: ``make(original, *args) -> replacement`` (``args`` as given to :meth:`install`); the
             replacement keeps the original as ``__wrapped__``.
         why: one line for the README table.
-        recognise: ``recognise(original) -> None`` when the original is the code rankmesh was written
-            against, else the reason it is not (a version, a changed body): then nothing is swapped.
-            Patches that give ``bodies`` need none: :meth:`unknown` then does the recognising.
+        versions: what it recognises, in words (the README table, the warning).
+        code: the dependency's code the replacement was written against (:class:`KnownCode`: the
+            dependency, the releases read and the bodies of every function whose behaviour the
+            replacement reproduces or relies on, the patched one among them).
+        check: ``check(original) -> None`` when what only this patch cares about holds (the name is
+            still torch's function; rankmesh's fast meshes are on), else the reason it does not.
         wrap: ``staticmethod`` or ``None``: how the replacement is stored on a class.
-        dependency: the distribution (a key of :data:`rankmesh._dependencies.DEPENDENCIES`) whose
-            code is patched.
-        bodies: per release of ``dependency`` read, ``{dotted path: {source hashes}}`` of every
-            function whose behaviour the replacement reproduces or relies on (the patched one
-            among them): :meth:`unknown` recognises the code by release and bodies.
         aliases: modules that re-export the attribute (``torch.distributed.init_device_mesh``):
             where one holds the original, it gets the replacement too, and is restored with it.
     """
@@ -206,30 +316,38 @@ class Patch:
         *,
         why: str,
         versions: str,
-        recognise: Callable[[Any], str | None] | None = None,
+        code: KnownCode,
+        check: Callable[[Any], str | None] | None = None,
         wrap: Callable[[Any], Any] | None = None,
-        dependency: str | None = None,
-        bodies: dict[str, dict[str, frozenset[str]]] | None = None,
         aliases: tuple[str, ...] = (),
     ) -> None:
         if name not in SWITCHES:
             raise ValueError(f"patch {name!r} is not in rankmesh._patch.SWITCHES; list it there")
-        if (recognise is None) == (bodies is None) or (bodies is not None and dependency is None):
-            raise ValueError(f"patch {name!r}: give recognise, or dependency and bodies")
         self.name = name
         self.owner = owner
         self.attribute = attribute
         self.why = why
         self.versions = versions
+        self.code = code
         self._make = make
-        self._recognise = recognise
+        self._check = check
         self._wrap = wrap
-        self.dependency = dependency
-        self.bodies = bodies
         self.aliases = aliases
         self._original: Any = None
         self._replacement: Any = None
         self._holder: Any = None
+
+    @property
+    def dependency(self) -> str:
+        return self.code.dependency
+
+    @property
+    def releases(self) -> tuple[str, ...]:
+        return self.code.releases
+
+    @property
+    def bodies(self) -> dict[str, dict[str, frozenset[str]]]:
+        return self.code.bodies
 
     @property
     def target(self) -> str:
@@ -250,50 +368,37 @@ class Patch:
     def _resolve(self) -> Any:
         return resolve(self.owner)
 
-    def unknown(self) -> str | None:
-        """Why the installed code is not what this patch was written against (a release of its
-        dependency it has not read, a function body whose hash it does not know, a function that
-        is missing), or None when it is: the one question every gate of a patch asks."""
-        if self.bodies is None:
-            original = self._resolve().__dict__.get(self.attribute)
-            return None if original is None else self._recognise(original)  # type: ignore[misc]
-        from rankmesh import _dependencies  # a leaf, imported on first use only
-
-        release = _dependencies.release_of(self.dependency)  # type: ignore[arg-type]
-        known = self.bodies.get(release or "")
-        if known is None:
-            installed = _dependencies.version(self.dependency)  # type: ignore[arg-type]
-            return f"{self.dependency} {installed} is not a release this patch has read ({', '.join(self.bodies)})"
-        fns = {}
-        for path in known:
-            try:
-                fns[path] = resolve(path)
-            except (ImportError, AttributeError):
-                return f"{path} does not exist"
-        scope = f"{self.dependency} {_dependencies.version(self.dependency)}"
-        return bodies_unknown(f"patch {self.name}", fns, known, scope=scope)
+    def recognise(self) -> str | None:
+        """Why this patch may not replace the attribute here, or None when it may: the one question
+        every gate of a patch asks. In order: a release of the dependency it has not read (or none
+        installed), the attribute missing, this patch's own :attr:`check`, a function body whose
+        hash it does not know (:meth:`KnownCode.recognise`)."""
+        reason = self.code._unread()
+        if reason is not None:
+            return reason
+        try:
+            holder = self._resolve()
+        except (ImportError, AttributeError) as e:
+            return f"{self.owner} is not importable ({type(e).__name__}: {e})"
+        original = holder.__dict__.get(self.attribute)
+        if original is None:
+            return f"{self.target} does not exist"
+        return (self._check(original) if self._check is not None else None) or self.code.recognise()
 
     def install(self, *args: Any) -> bool:
-        """Swap the attribute (idempotent); False, with one warning, when the target is missing or
-        not recognised, and False without one when ``RANKMESH_DISABLE`` names this patch."""
+        """Swap the attribute (idempotent); False, with one warning, when :meth:`recognise` says why
+        not, and False without one when ``RANKMESH_DISABLE`` names this patch."""
         with _lock:
             if self.installed:
                 return True
             if disabled(self.name):
                 return False
-            try:
-                holder = self._resolve()
-            except (ImportError, AttributeError) as e:
-                self._warn("missing", f"{self.owner} is not importable ({type(e).__name__}: {e})")
-                return False
-            original = holder.__dict__.get(self.attribute)
-            if original is None:
-                self._warn("missing", f"{self.target} does not exist")
-                return False
-            reason = self.unknown()  # the one verb (it reads the attribute found above again)
+            reason = self.recognise()
             if reason is not None:
-                self._warn(reason, reason)
+                self._warn(reason)
                 return False
+            holder = self._resolve()
+            original = holder.__dict__[self.attribute]
             raw = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
             fn = self._make(raw, *args)
             fn.__wrapped__ = raw
@@ -326,9 +431,9 @@ class Patch:
         value = self._resolve().__dict__[self.attribute]
         return getattr(value, "__func__", value)
 
-    def _warn(self, key: str, reason: str) -> None:
+    def _warn(self, reason: str) -> None:
         warn_once(
-            ("patch", self.name, key),
+            ("patch", self.name, reason),
             f"rankmesh: patch {self.name!r} ({self.target}) not installed: {reason}; the original runs "
             f"(correct, stock speed). Recognised: {self.versions}",
             stacklevel=4,

@@ -16,16 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from rankmesh._dependencies import install_hint
 from rankmesh._native import MeshLayout
 from rankmesh.job_plan import JobPlan, PlacedMesh
 from rankmesh.plan import Plan
 
-__all__ = ["FULL_PICTURE_LIMIT", "INSTALL", "draw_job_picture", "draw_picture", "pyplot"]
+__all__ = ["FULL_PICTURE_LIMIT", "draw_job_picture", "draw_picture", "pyplot"]
 
 #: Up to this world size the picture draws every rank.
 FULL_PICTURE_LIMIT = 512
-#: How to get matplotlib.
-INSTALL = "pip install 'rankmesh[plot]'"
 
 
 def _group_ids(lay: MeshLayout, dim: str) -> np.ndarray:
@@ -45,7 +44,8 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError(f"drawing needs matplotlib ({e}); install it with {INSTALL}", name="matplotlib") from e
+        hint = install_hint("matplotlib")
+        raise ImportError(f"drawing needs matplotlib ({e}); install it with {hint}", name="matplotlib") from e
     return plt
 
 

@@ -5,7 +5,8 @@ rankmesh's meshes (:mod:`rankmesh.mesh`) are instances of a subclass of torch's 
 that sets torch's own private fields from precomputed state. That is only safe on a torch whose
 ``DeviceMesh`` we have read and tested, so:
 
-- ``SUPPORTED`` lists the (major, minor) versions the whole suite runs on (CI: newest and oldest);
+- the torch releases read are ``rankmesh._dependencies.DEPENDENCIES["torch"].releases`` (the whole
+  suite runs on them; CI: newest and oldest);
 - :func:`fast_meshes_available` runs once per process: on an unknown torch, or when the self-check
   finds a field or method missing, it returns False and warns once, and every caller falls back to
   torch's own ``DeviceMesh`` construction (slow, but never wrong).
@@ -21,23 +22,25 @@ The differences, one line each:
 - 2.15: adds ``preserve_rank_order`` (constructor argument, ``_preserve_rank_order`` field, part of
   ``__eq__``, ``__hash__`` and the torch.compile guard).
 
-The one patch of torch's class (``rankmesh.patches``' "concatenate", recognised by
-:func:`concatenate_unknown`): ``DeviceMesh._concatenate`` is a
+The one patch of torch's class (``rankmesh.patches``' "concatenate", recognised by the body hash
+of torch's function per release, :data:`CONCATENATE_CODE`): ``DeviceMesh._concatenate`` is a
 static method that FSDP2 calls on ``DeviceMesh`` itself (``fully_shard`` joins its dp mesh with
 the parameters' TP/EP mesh), so no subclass can override it. On 2.13-2.15 it builds a plain
 ``DeviceMesh`` over the world's rank map (``tolist()`` of W ranks, then torch's W-long ``__eq__``
 wherever DTensor compares it). The patch hands the call to rankmesh only when every input is a
 rankmesh mesh of one world, and calls torch's own function otherwise; it is installed once, by
-the first fast mesh of a process, and only on a torch whose ``_concatenate`` the self-check
-recognises.
+the first fast mesh of a process (``rankmesh.mesh``'s builders), and only on a torch whose
+``_concatenate`` the self-check recognises.
 
 Private torch state is named in two modules only, each with a start-up check
 (``tests/test_structure.py`` fails on a private torch name anywhere else in the package;
 :mod:`rankmesh.mesh` reads and sets the ``DeviceMesh`` fields listed here):
 
 - here: ``DeviceMesh``'s private fields and methods (``_REQUIRED_METHODS``, ``_REQUIRED_FIELDS``,
-  ``_READ_FIELDS``, ``_CONCATENATE_READS``; a test checks that every one :mod:`rankmesh.mesh` uses,
-  the fields torch's methods set included, is listed), torch's
+  ``_READ_FIELDS``; a test checks that every one rankmesh names, the fields torch's methods set
+  included, is listed, and that renaming any field rankmesh writes fails the check), the body of
+  ``DeviceMesh._concatenate`` (:data:`CONCATENATE_CODE`), ``Tensor._version`` (``_TENSOR_FIELDS``,
+  read through :func:`tensor_version`), torch's
   layout algebra (``_MeshLayout``, ``_FlatLayout``, compared with rankmesh's by the self-check),
   ``_normalize_backend_override`` and c10d's ``Backend.Options``, and the argument checks of
   ``DeviceMesh._unflatten`` / ``_create_unflatten_mesh`` / ``_create_flatten_mesh``, which
@@ -45,9 +48,9 @@ Private torch state is named in two modules only, each with a start-up check
 - :mod:`rankmesh._fast_groups`: every read and write of c10d's private group registry
   (``_new_process_group_helper``, ``_register_pg_in_world``, ``_resolve_process_group``,
   ``_world``'s tables and counter, the hashed-name scheme, the backend's
-  ``ProcessGroup.split_group``), with its own start-up probes (one for ``new_group``, one for
-  ``split_group``); a torch it does not recognise gets torch's own ``new_group`` /
-  ``split_group``.
+  ``ProcessGroup.split_group``), with its own start-up checks in :mod:`rankmesh._fast_groups_check`
+  (body hashes, then a probe for ``new_group`` and one for ``split_group``); a torch it does not
+  recognise gets torch's own ``new_group`` / ``split_group``.
 """
 
 from __future__ import annotations
@@ -69,13 +72,14 @@ from torch.distributed._mesh_layout import _MeshLayout as TorchMeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import _normalize_backend_override as normalize_backend_override
 
-from rankmesh._dependencies import DEPENDENCIES, warn_unsupported
+from rankmesh._dependencies import unsupported, warn_unsupported
+from rankmesh._patch import KnownCode, verdict_scope
 
 #: ``ProcessGroup.Options`` of c10d's backend class, as torch's device_mesh imports it.
 C10dOptions = _C10dBackend.Options
 
 __all__ = [
-    "SUPPORTED",
+    "CONCATENATE_CODE",
     "TORCH_VERSION",
     "HAS_PRESERVE_RANK_ORDER",
     "C10dOptions",
@@ -88,7 +92,7 @@ __all__ = [
     "torch_rejects",
     "unknown_backend_text",
     "fast_meshes_available",
-    "concatenate_unknown",
+    "tensor_version",
     "native_tuple_hash_ok",
     "use_torchcomms",
     "accelerator_backend_name",
@@ -100,10 +104,7 @@ def _parse(version: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-#: torch (major, minor) versions the fast meshes are tested on (:mod:`rankmesh._dependencies`).
-SUPPORTED: tuple[tuple[int, int], ...] = tuple(_parse(r) for r in DEPENDENCIES["torch"].releases)
-
-
+#: torch's (major, minor), for comparisons (which releases are read: :mod:`rankmesh._dependencies`).
 TORCH_VERSION: tuple[int, int] = _parse(torch.__version__)
 
 #: 2.15+: ``_preserve_rank_order`` exists and takes part in equality, hashing and compile guards.
@@ -151,6 +152,10 @@ _REQUIRED_METHODS = (
     "__getitem__",
     "get_group",
 )
+# Every DeviceMesh field rankmesh reads or writes: each a class annotation or a name in the code of
+# ``DeviceMesh.__init__`` (which sets ``_coordinate_on_dim``, ``_dim_group_names``,
+# ``_flatten_rank_map`` and ``_hash`` without one). ``_preserve_rank_order`` is version-dependent
+# (HAS_PRESERVE_RANK_ORDER).
 _REQUIRED_FIELDS = (
     "_rank_map",
     "_layout",
@@ -161,16 +166,21 @@ _REQUIRED_FIELDS = (
     "_device_type",
     "_rank",
     "_thread_id",
+    "_coordinate_on_dim",
+    "_dim_group_names",
+    "_flatten_rank_map",
+    "_hash",
 )
-# Fields set in ``__init__`` without a class annotation: (field, the DeviceMesh method whose body
-# must still read it). ``_preserve_rank_order`` is version-dependent (HAS_PRESERVE_RANK_ORDER).
-# ``_coordinate_on_dim``: rankmesh.mesh sets it, and torch's ``get_coordinate`` returns it (2.13-2.15),
-# so a torch that renamed it would answer wrong coordinates.
+# Fields rankmesh sets whose meaning lies in a method torch runs on a fast mesh: (field, the
+# DeviceMesh method whose body must still read it). ``_coordinate_on_dim``: torch's
+# ``get_coordinate`` returns it (2.13-2.15), so a torch that renamed it would answer wrong coordinates.
 _READ_FIELDS = (
     ("_dim_group_names", "get_group"),
     ("_flatten_mapping", "get_group"),
     ("_coordinate_on_dim", "get_coordinate"),
 )
+# Private fields of ``torch.Tensor`` rankmesh reads (through the functions below).
+_TENSOR_FIELDS = ("_version",)
 
 _state: dict[str, object] = {}
 
@@ -295,38 +305,29 @@ def unknown_backend_text(name: str) -> str:
     return f"Unknown backend type {dist.Backend(name)}"  # torch's name: Backend(...), lower case
 
 
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor``'s version counter (torch's private ``Tensor._version``, which every in-place change
+    moves): how a rank map read once is known to be unchanged."""
+    return tensor._version
+
+
 # torch's own ``DeviceMesh._concatenate`` (a staticmethod; 2.13-2.15 take one argument, the list).
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
-# What torch's ``_concatenate`` reads from each mesh and passes on (checked in its code's names).
-_CONCATENATE_READS = frozenset({"_layout", "_flatten_rank_map", "_dim_group_names", "_get_root_mesh", "_rank_map"})
+_DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
 
-
-def concatenate_unknown(fn: object = None) -> str | None:
-    """Why ``DeviceMesh._concatenate`` (or ``fn``, the attribute as found) is not the function rankmesh
-    was written against, or None. The patch itself lives in :mod:`rankmesh.patches` ("concatenate")."""
-    fn = _TORCH_CONCATENATE if fn is None else fn
-    if not isinstance(fn, staticmethod):
-        return "DeviceMesh._concatenate is not a staticmethod"
-    code = getattr(fn.__func__, "__code__", None)
-    if code is None:  # pragma: no cover - a builtin or an odd callable
-        return "DeviceMesh._concatenate has no Python signature"
-    # Its parameters, read off the code object (what inspect.signature reads, at a fraction of the
-    # cost on the first call): positional, *args, keyword-only, **kwargs, in the code's own order.
-    varnames = iter(code.co_varnames)
-    params = [next(varnames) for _ in range(code.co_argcount)]
-    kwonly = [next(varnames) for _ in range(code.co_kwonlyargcount)]
-    if code.co_flags & inspect.CO_VARARGS:
-        params.append("*" + next(varnames))
-    params += kwonly
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        params.append("**" + next(varnames))
-    if params != ["device_mesh_list"]:
-        return f"DeviceMesh._concatenate takes {params}, not ['device_mesh_list']"
-    # What torch's body reads from each mesh and passes on: if one is gone, so is our reading.
-    missing = _CONCATENATE_READS - set(code.co_names)
-    if missing:
-        return f"DeviceMesh._concatenate no longer reads {sorted(missing)}"
-    return None
+#: The body of torch's ``DeviceMesh._concatenate`` per release (what it reads from each mesh and
+#: passes on, which rankmesh's meshes must hold): part of the self-check, and what the
+#: "concatenate" patch (:mod:`rankmesh.mesh`) recognises. 2.14's hash was read from the torch 2.14.0
+#: and 2.14.1 wheels' ``device_mesh.py`` (the same file), compiled and cut with
+#: :func:`rankmesh._patch.code_lines`, without installing them.
+CONCATENATE_CODE = KnownCode(
+    "torch",
+    {
+        "2.13": {f"{_DEVICE_MESH}._concatenate": frozenset({"3f67b9082f9ab55b"})},
+        "2.14": {f"{_DEVICE_MESH}._concatenate": frozenset({"7029bb4cf8aacbd7"})},
+        "2.15": {f"{_DEVICE_MESH}._concatenate": frozenset({"820cab857e0d8c3e"})},
+    },
+)
 
 
 def native_tuple_hash_ok() -> bool:
@@ -347,22 +348,21 @@ def native_tuple_hash_ok() -> bool:
 
 def _self_check() -> str | None:
     """Why the fast meshes cannot be used on this torch, or None when they can."""
-    if TORCH_VERSION not in SUPPORTED:
-        return (
-            f"torch {torch.__version__} is not a version rankmesh has read "
-            f"(supported: {', '.join(f'{a}.{b}' for a, b in SUPPORTED)})"
-        )
+    reason = unsupported("torch")
+    if reason is not None:
+        return reason
     missing = [m for m in _REQUIRED_METHODS if not callable(getattr(DeviceMesh, m, None))]
-    annotations = getattr(DeviceMesh, "__annotations__", {})
-    missing += [f for f in _REQUIRED_FIELDS if f not in annotations]
+    fields = set(getattr(DeviceMesh, "__annotations__", {})) | set(_code_names(DeviceMesh.__init__))
+    missing += [f for f in _REQUIRED_FIELDS if f not in fields]
     missing += [
         f"{field} (read by {method})"
         for field, method in _READ_FIELDS
-        if field not in getattr(getattr(getattr(DeviceMesh, method, None), "__code__", None), "co_names", ())
+        if field not in _code_names(getattr(DeviceMesh, method, None))
     ]
+    missing += [f"Tensor.{f}" for f in _TENSOR_FIELDS if not hasattr(torch.Tensor, f)]
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
-    concatenate = concatenate_unknown()
+    concatenate = CONCATENATE_CODE.recognise()
     if concatenate is not None:
         return f"torch {torch.__version__}: {concatenate}"
     key = _algebra_key()
@@ -370,8 +370,14 @@ def _self_check() -> str | None:
         return _algebra_reason()
     from rankmesh import _verdicts
 
-    scope = f"{os.path.dirname(torch.__file__)} {sys.version}"
-    return _verdicts.verdict("torch_compat algebra", key, _algebra_reason, scope=scope)
+    return _verdicts.verdict("torch_compat algebra", key, _algebra_reason, scope=verdict_scope("torch"))
+
+
+def _code_names(fn: object) -> tuple[str, ...]:
+    """The names ``fn``'s code reads or sets (``co_names``: attributes and globals), torch's own
+    where rankmesh's replacement wraps it; empty for no function."""
+    fn = inspect.unwrap(getattr(fn, "__func__", fn)) if fn is not None else None
+    return getattr(getattr(fn, "__code__", None), "co_names", ())
 
 
 def _algebra_key() -> dict | None:

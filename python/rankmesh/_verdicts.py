@@ -1,9 +1,10 @@
 """Start-up check verdicts kept once per torch install, as ``.pyc`` files keep compiled code (a leaf
 module: it imports nothing of rankmesh, and no torch).
 
-rankmesh's start-up checks (:func:`rankmesh._fast_groups.self_check` and ``split_self_check``:
-the hashes of torch's function bodies, read from torch's source, and the registry probe) give the
-same answer in every process that runs the same code: every rank of a job, every job on a node.
+rankmesh's start-up checks (:mod:`rankmesh._fast_groups_check`, the self-check's and the patches'
+:class:`rankmesh._patch.KnownCode`: the hashes of torch's function bodies, read from torch's
+source, and the registry probe) give the same answer in every process that runs the same code:
+every rank of a job, every job on a node.
 :func:`verdict` keeps each answer in a small JSON file under the per-user cache directory, next
 to the *key* that decided it (the caller's: torch's release, the size and mtime of every source
 file involved, rankmesh's version, the Python version, ...). A later process whose key is equal
@@ -44,7 +45,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "code_key", "forget", "verdict"]
+__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "code_key", "forget", "generation", "verdict"]
 
 #: The environment variable that moves the cache (a directory), or turns it off (set and empty).
 ENV = "RANKMESH_CACHE_DIR"
@@ -56,6 +57,10 @@ _log = logging.getLogger("rankmesh")
 _lock = threading.Lock()
 # (file, name) -> (key, reason): what this process computed or read, so it asks the file once.
 _memory: dict[tuple[str | None, str], tuple[Any, str | None]] = {}
+# file -> ((size, mtime_ns, inode), its verdicts): several checks share one file, which is then
+# parsed once per process while it stays the same file (a stale copy can only miss, never answer
+# wrongly: every entry is taken only under an equal key).
+_files: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 _said = False  # the one debug message about a cache that cannot be used
 
 
@@ -77,11 +82,22 @@ def cache_dir() -> str | None:
 def cache_file(scope: str) -> str | None:
     """The file that holds the verdicts of ``scope`` (the caller's name for one install, e.g. the
     directory torch is installed in and the Python version), or None when the cache is off."""
-    directory = cache_dir()
-    if directory is None:
-        return None
-    digest = hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return os.path.join(directory, f"verdicts-{digest}.json")
+    env = os.environ
+    where = (scope, env.get(ENV), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    path = _paths.get(where, "")
+    if path == "":
+        directory = cache_dir()
+        if directory is None:
+            path = None
+        else:
+            digest = hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            path = os.path.join(directory, f"verdicts-{digest}.json")
+        _paths[where] = path
+    return path
+
+
+# (scope, the environment that places the cache) -> its file: asked by every check of a process.
+_paths: dict[tuple[str | None, ...], str | None] = {}
 
 
 def verdict(name: str, key: dict[str, Any], compute: Callable[[], str | None], *, scope: str) -> str | None:
@@ -127,21 +143,44 @@ def code_key(files: Any, **facts: Any) -> dict[str, Any] | None:
 def forget() -> None:
     """Forget what this process read or computed (the files stay): the next :func:`verdict` reads
     its file again, as a new process would. For tests."""
-    global _said
+    global _said, _generation
     with _lock:
         _memory.clear()
+        _files.clear()
         _said = False
+        _generation += 1
+
+
+def generation() -> int:
+    """How many times :func:`forget` ran: a caller that keeps an answer in its own memory keeps it
+    for one generation, so a test's "new process" asks again."""
+    return _generation
+
+
+_generation = 0
 
 
 def _read(path: str) -> dict[str, Any]:
-    """The verdicts in ``path`` by name; empty when there is no usable file."""
+    """The verdicts in ``path`` by name; empty when there is no usable file. Parsed once while the
+    file's size, mtime and inode stay the same (``os.replace`` gives every write a new inode)."""
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+            seen = _files.get(path)
+            if seen is not None and seen[0] == stamp:
+                return seen[1]
             data = f.read(_MAX_BYTES + 1)
     except OSError as e:
         if not isinstance(e, FileNotFoundError):
             _debug(f"rankmesh: start-up check cache {path} not read ({type(e).__name__}: {e}); checking afresh")
         return {}
+    verdicts = _parse(data)
+    _files[path] = (stamp, verdicts)
+    return verdicts
+
+
+def _parse(data: bytes) -> dict[str, Any]:
     if len(data) > _MAX_BYTES:
         return {}
     try:

@@ -32,6 +32,7 @@ from typing import Any, NoReturn, TextIO
 import numpy as np
 
 from rankmesh._check import as_rank, positive_int
+from rankmesh._dependencies import install_hint
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
 from rankmesh.job_plan import DEGREE_NAMES, MESH_SYNTAX, build_job_plan, format_job_plan, job_topology
@@ -246,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--picture", default=None, metavar="OUT.png",
-        help="draw the layout (needs matplotlib: pip install 'rankmesh[plot]')",
+        help=f"draw the layout (needs matplotlib: {install_hint('matplotlib')})",
     )
     q.add_argument(
         "--dim", default=None,
@@ -342,7 +343,7 @@ def _check_picture(a: argparse.Namespace) -> None:
         _picture.pyplot()
     except ImportError as e:
         why = e.__cause__ or e
-        raise BadInput(f"--picture needs matplotlib, which is not installed ({why})", _picture.INSTALL) from e
+        raise BadInput(f"--picture needs matplotlib, which is not installed ({why})", install_hint("matplotlib")) from e
 
 
 #: The flags of a convention's plan, which a job of --mesh meshes does not take.

@@ -50,7 +50,7 @@ import threading
 import weakref
 from typing import Any
 
-from rankmesh._patch import Patch
+from rankmesh._patch import KnownCode, Patch
 
 __all__ = ["INIT_DEVICE_MESH", "INIT_PROCESS_GROUPS", "PATCHES", "accelerate", "created_groups", "restore"]
 
@@ -83,13 +83,15 @@ def _world_of(rank_map: Any, world_size: int) -> Any:
     (and again only after an in-place change), in the core."""
     import torch
 
+    from rankmesh import _torch_compat as compat
     from rankmesh._native import MeshLayout
     from rankmesh.errors import RankmeshError
     from rankmesh.mesh import _placement_of
 
     key = id(rank_map)
     hit = _RANK_MAPS.get(key)
-    if hit is not None and hit[0]() is rank_map and hit[1] == rank_map._version and hit[2] == world_size:
+    version = compat.tensor_version(rank_map)
+    if hit is not None and hit[0]() is rank_map and hit[1] == version and hit[2] == world_size:
         return hit[3]
     world = None
     if rank_map.dtype in (torch.int32, torch.int64) and rank_map.dim() == 1 and not rank_map.requires_grad:
@@ -104,7 +106,7 @@ def _world_of(rank_map: Any, world_size: int) -> Any:
         except RankmeshError:  # not a permutation, a rank outside the job, a rank twice: torch's
             world = None
     ref = weakref.ref(rank_map, lambda _r, key=key: _RANK_MAPS.pop(key, None))
-    _RANK_MAPS[key] = (ref, rank_map._version, world_size, world)
+    _RANK_MAPS[key] = (ref, version, world_size, world)
     return world
 
 
@@ -229,10 +231,6 @@ def _make_init_device_mesh(torch_init_device_mesh: Any) -> Any:
     return init_device_mesh
 
 
-#: Source hashes (``rankmesh._patch.source_hash``) of the torch functions whose behaviour the
-#: patches reproduce, per release read (2.14's from the 2.14.0 and 2.14.1 wheels' sources, which
-#: agree; the suite ran on 2.14.1 by hand, CI runs 2.15 and 2.13). Any other body: torch's own
-#: functions run, with one warning.
 _DEVICE_MESH = "torch.distributed.device_mesh"
 
 INIT_PROCESS_GROUPS = Patch(
@@ -244,21 +242,26 @@ INIT_PROCESS_GROUPS = Patch(
     "every group of every dim through it; rankmesh's creates this rank's group per dim, O(group size)",
     versions="torch 2.13, 2.14 and 2.15 (_init_process_groups and _init_one_process_group by body)",
     wrap=staticmethod,
-    dependency="torch",
-    bodies={
-        "2.13": {
-            f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
-            f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"f99050d28ccfdb7d"}),
+    # 2.14's bodies were read from the 2.14.0 and 2.14.1 wheels' sources, which agree (the suite ran
+    # on 2.14.1 by hand; CI runs 2.15 and 2.13)
+    code=KnownCode(
+        "torch",
+        {
+            "2.13": {
+                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
+                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"f99050d28ccfdb7d"}),
+            },
+            "2.14": {  # 2.13's _init_process_groups; _init_one_process_group adds a non-member guard
+                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
+                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"cb243290d068e561"}),
+            },
+            "2.15": {
+                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"dbc722f632161f06"}),
+                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"2d616ffe2b5f9e09"}),
+            },
         },
-        "2.14": {  # 2.13's _init_process_groups; _init_one_process_group adds a non-member guard
-            f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
-            f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"cb243290d068e561"}),
-        },
-        "2.15": {
-            f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"dbc722f632161f06"}),
-            f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"2d616ffe2b5f9e09"}),
-        },
-    },
+        reader="this patch",
+    ),
 )
 
 INIT_DEVICE_MESH = Patch(
@@ -269,12 +272,15 @@ INIT_DEVICE_MESH = Patch(
     why="frameworks build their meshes with it; rankmesh's returns a FastDeviceMesh (torch's size-1 rule) whose "
     "slices, _flatten and _unflatten stay O(group size) where torch's DeviceMesh makes a W-long tuple per mesh",
     versions="torch 2.13, 2.14 and 2.15 (init_device_mesh by body)",
-    dependency="torch",
-    bodies={
-        "2.13": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-        "2.14": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-        "2.15": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-    },
+    code=KnownCode(
+        "torch",
+        {
+            "2.13": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
+            "2.14": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
+            "2.15": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
+        },
+        reader="this patch",
+    ),
     aliases=("torch.distributed",),
 )
 

@@ -444,6 +444,7 @@ class FastDeviceMesh(DeviceMesh):
             ]
             mesh = torch.from_numpy(layout.mesh_of(builder.rank))
             return DeviceMesh.from_group(groups, builder.device_type, mesh=mesh, mesh_dim_names=names)
+        CONCATENATE.install()  # a fast mesh is about to exist: FSDP2 may join it (see CONCATENATE)
         world = _world_of(builder)
         tl = _torch_layout(layout)
         root = cls._make(world, layout, tl, builder.device_type, names, [], None)
@@ -887,15 +888,14 @@ def _patched_concatenate(torch_concatenate: Any) -> Any:
     return _concatenate_or_torchs
 
 
-def _recognise_concatenate(original: Any) -> str | None:
-    if not compat.fast_meshes_available():
-        return "rankmesh's fast meshes are off on this torch"
-    return compat.concatenate_unknown(original)
+def _fast_meshes_on(_original: Any) -> str | None:
+    return None if compat.fast_meshes_available() else "rankmesh's fast meshes are off on this torch"
 
 
 #: The one patch of torch's own class (listed in :mod:`rankmesh.patches`): ``DeviceMesh._concatenate``
-#: on fast meshes of one world is :func:`_concatenate`, anything else torch's own. The first fast mesh
-#: installs it (``_world_of``); unpickling installs nothing.
+#: on fast meshes of one world is :func:`_concatenate`, anything else torch's own. Each builder of a
+#: fast mesh (:meth:`FastDeviceMesh.from_layout`, :func:`init_device_mesh`, :func:`from_group`)
+#: installs it before its first mesh (idempotent); unpickling installs nothing.
 CONCATENATE = Patch(
     "concatenate",
     "torch.distributed.device_mesh.DeviceMesh",
@@ -903,8 +903,9 @@ CONCATENATE = Patch(
     _patched_concatenate,
     why="FSDP2 joins its dp mesh and each parameter's mesh with it; torch's builds a W-long rank map per call, "
     "rankmesh's is O(ndim) when every input is a rankmesh mesh of one world (torch's own otherwise)",
-    versions="torch 2.13-2.15: a staticmethod(device_mesh_list) that reads the fields rankmesh sets",
-    recognise=_recognise_concatenate,
+    versions="torch 2.13-2.15: a staticmethod(device_mesh_list) whose body rankmesh has read",
+    code=compat.CONCATENATE_CODE,
+    check=_fast_meshes_on,
     wrap=staticmethod,
 )
 
@@ -1125,6 +1126,7 @@ def init_device_mesh(
     tl = _torch_layout(rm_layout)
     whole = world_layout if world_layout.placement is None else MeshLayout.world(world_size)
     builder = MeshBuilder(whole, device_type=device_type, size_one_fake=size_one_fake)
+    CONCATENATE.install()  # a fast mesh is about to exist: FSDP2 may join it (see CONCATENATE)
     world = _world_of(builder, world_layout)
     root = FastDeviceMesh._make(world, rm_layout, tl, device_type, names, [], None)
     root._setup_world_group_and_device()  # torch's device selection (LOCAL_RANK) and checks
@@ -1277,6 +1279,7 @@ def from_group(
         full = torch.from_numpy(world_layout.rank_map()).reshape(shape)
         return DeviceMesh.from_group(group, device_type, full, mesh_dim_names=mesh_dim_names)
     builder = MeshBuilder(MeshLayout.world(world_size), device_type=device_type)
+    CONCATENATE.install()  # a fast mesh is about to exist: FSDP2 may join it (see CONCATENATE)
     world = _world_of(builder, world_layout)
     root = FastDeviceMesh._make(world, rm_layout, _torch_layout(rm_layout), device_type, names, [], None)
     root.__dict__["_dim_group_names"] = root._register(groups)
@@ -1352,10 +1355,6 @@ def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:
     """The :class:`_World` every mesh over ``builder``'s groups shares (kept by the builder for
     this layer: :meth:`MeshBuilder.layer_state`): of the builder's whole world, or of ``world``, a
     world over part of the job (``MeshLayout.placed``), one per placement."""
-    # The first fast mesh installs the "concatenate" patch (rankmesh.patches; idempotent, undone by
-    # rankmesh.patches.restore_all(), kept out by RANKMESH_DISABLE=concatenate), so that FSDP2's
-    # DeviceMesh._concatenate of fast meshes is a fast mesh. Unpickling a mesh installs nothing.
-    CONCATENATE.install()
     if world is None or world.placement is None:
         return builder.layer_state("rankmesh.mesh", lambda: _World(builder.world, builder.rank, builder))
     offset, modes = world.placement

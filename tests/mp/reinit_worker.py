@@ -151,7 +151,7 @@ def rebuild_after_free(base, rank: int, world: int) -> dict:
     the same mesh built again. torch 2.13 would give the new groups the destroyed ones' names
     (their rendezvous still in the store: a hang), so rankmesh raises DistributedStateError on
     every rank before making them; torch 2.14+ makes them under new names."""
-    from rankmesh import _fast_groups
+    from rankmesh import _fast_groups_check
     from rankmesh.errors import DistributedStateError
 
     store = dist.PrefixStore("rankmesh_reinit/rebuild", base)
@@ -164,7 +164,7 @@ def rebuild_after_free(base, rank: int, world: int) -> dict:
         dist.barrier()
         for d in order:
             dist.destroy_process_group(mesh.get_group(d))
-        out = {"scheme": _fast_groups.SCHEME, "raised": None, "field": None}
+        out = {"scheme": _fast_groups_check.SCHEME, "raised": None, "field": None}
         try:
             again = rankmesh.init_device_mesh("cpu", (2, 4), mesh_dim_names=order)
         except DistributedStateError as e:

@@ -19,9 +19,8 @@ mesh puts through this rank (what Megatron-FSDP's own asserts check, up to order
 (pipeline parallelism, whose world Megatron-FSDP 0.16 rejects; groups in another order; a
 ``pg_collection`` without the groups) runs Megatron's own method, after one warning.
 
-It is installed as the ``"megatron_fsdp"`` patch of :mod:`rankmesh.patches`, only on a
-megatron-core version in :data:`KNOWN_VERSIONS` whose method and helper bodies hash to
-:data:`KNOWN_BODY_HASHES`::
+It is installed as the ``"megatron_fsdp"`` patch of :mod:`rankmesh.patches`, only on the
+megatron-core release whose method and helper bodies it has read (:data:`PATCH`'s ``code``)::
 
     import rankmesh.megatron.fsdp
     rankmesh.megatron.fsdp.accelerate()   # before FullyShardedDataParallel(...) is built
@@ -31,22 +30,17 @@ megatron-core version in :data:`KNOWN_VERSIONS` whose method and helper bodies h
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rankmesh._dependencies import unsupported
 from rankmesh._once import warn_once
-from rankmesh._patch import Patch, body_unknown
+from rankmesh._patch import KnownCode, Patch
 
 __all__ = [
-    "KNOWN_VERSIONS",
-    "KNOWN_BODY_HASHES",
     "PATCH_NAME",
     "accelerate",
     "restore",
     "is_accelerated",
-    "unknown",
     "make_init_dist_index",
     "PATCH",
 ]
@@ -54,19 +48,24 @@ __all__ = [
 #: The registry name of the patch (``rankmesh.patches.get(PATCH_NAME)``, ``RANKMESH_DISABLE``).
 PATCH_NAME = "megatron_fsdp"
 
-#: megatron-core releases whose ``mcore_fsdp_adapter`` rankmesh has read and tested against.
-KNOWN_VERSIONS: tuple[str, ...] = ("0.16.1",)
+_ADAPTER = "megatron.core.distributed.fsdp.mcore_fsdp_adapter"
 
-#: ``rankmesh._patch.source_hash`` of every function whose behaviour the replacement reproduces,
-#: by name in ``mcore_fsdp_adapter``: the method itself and the helpers it stands in for. A new
-#: release that changes any of them (megatron-core's main branch already gives HSDP an expert
-#: mesh) is left alone whatever its version string says.
-KNOWN_BODY_HASHES: dict[str, frozenset[str]] = {
-    "FullyShardedDataParallel._init_dist_index": frozenset({"68509aaf698abd55"}),  # 0.16.1
-    "_get_dp_tp_mesh": frozenset({"dffb0e0843dd3fc7"}),  # 0.16.1
-    "_get_hsdp_tp_mesh": frozenset({"a47e5029728e12cf"}),  # 0.16.1
-    "_check_mesh_ranks_and_group_ranks_are_consistent": frozenset({"371463bf3c755cf1"}),  # 0.16.1
-}
+#: The megatron-core code the replacement was written against: per release read (0.16.1, whose
+#: ``mcore_fsdp_adapter`` rankmesh has read and tested against), the
+#: ``rankmesh._patch.source_hash`` of every function whose behaviour it reproduces: the method
+#: itself and the helpers it stands in for. A new release that changes any of them (megatron-core's
+#: main branch already gives HSDP an expert mesh) is left alone whatever its version string says.
+_CODE = KnownCode(
+    "megatron-core",
+    {
+        "0.16.1": {
+            f"{_ADAPTER}.FullyShardedDataParallel._init_dist_index": frozenset({"68509aaf698abd55"}),
+            f"{_ADAPTER}._get_dp_tp_mesh": frozenset({"dffb0e0843dd3fc7"}),
+            f"{_ADAPTER}._get_hsdp_tp_mesh": frozenset({"a47e5029728e12cf"}),
+            f"{_ADAPTER}._check_mesh_ranks_and_group_ranks_are_consistent": frozenset({"371463bf3c755cf1"}),
+        },
+    },
+)
 
 _DEVICE_TYPE = "cuda"  # what megatron-core 0.16 hard-codes for these meshes
 _DENSE_NAMES = ("dp_cp", "tp")
@@ -95,34 +94,6 @@ def restore() -> None:
 def is_accelerated() -> bool:
     """True while ``FullyShardedDataParallel._init_dist_index`` is rankmesh's."""
     return bool(_patch().installed)
-
-
-# -- recognising the original --------------------------------------------------------------------
-
-
-def unknown(original: Any) -> str | None:
-    """None when ``original`` (``FullyShardedDataParallel._init_dist_index``) and the helpers of its
-    module are the megatron-core code rankmesh was written against and ``rankmesh.mesh.from_group``
-    exists; else why not (a version, a changed body, a missing helper)."""
-    reason = unsupported("megatron-core", KNOWN_VERSIONS)
-    if reason is not None:
-        return reason
-    fn = getattr(original, "__func__", original)
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if module is None:
-        return f"{original!r} is not a function of an imported module"
-    for name, known in KNOWN_BODY_HASHES.items():
-        target = fn if name == "FullyShardedDataParallel._init_dist_index" else getattr(module, name, None)
-        if target is None:
-            return f"{module.__name__}.{name} does not exist"
-        why = body_unknown(f"{module.__name__}.{name}", target, known)
-        if why is not None:
-            return why
-    import rankmesh.mesh
-
-    if not callable(getattr(rankmesh.mesh, "from_group", None)):
-        return "this rankmesh has no rankmesh.mesh.from_group"
-    return None
 
 
 # -- the replacement -----------------------------------------------------------------------------
@@ -365,11 +336,11 @@ def make_init_dist_index(original: Any) -> Any:
 #: The patch (listed in :mod:`rankmesh.patches`): ``FullyShardedDataParallel._init_dist_index``.
 PATCH = Patch(
     PATCH_NAME,
-    "megatron.core.distributed.fsdp.mcore_fsdp_adapter.FullyShardedDataParallel",
+    f"{_ADAPTER}.FullyShardedDataParallel",
     "_init_dist_index",
     lambda original: make_init_dist_index(original),
     why="Megatron-FSDP builds its DeviceMeshes over the whole job from arange(world) (about 2 s per rank at 2^20); "
     "rankmesh builds the same meshes from the groups parallel_state holds, O(group)",
-    versions=f"megatron-core {', '.join(KNOWN_VERSIONS)} with the known _init_dist_index and helper bodies",
-    recognise=lambda original: unknown(original),
+    versions=f"megatron-core {', '.join(_CODE.releases)} with the known _init_dist_index and helper bodies",
+    code=_CODE,
 )

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankmesh._check import as_sequence, check_str
-from rankmesh._dependencies import DEPENDENCIES, unsupported, warn_unsupported
+from rankmesh._dependencies import DEPENDENCIES, install_hint, unsupported, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
 from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError, UnsupportedVersionError
 from rankmesh.megatron.parallel_state_groups import MUST_BE_UNSET, Checked, make_groups
@@ -51,7 +51,7 @@ def parallel_state():
     if megatron_core_version() is None:
         raise ImportError(
             "rankmesh.megatron.initialize_model_parallel fills megatron-core's parallel_state; "
-            f"install megatron-core {', '.join(SUPPORTED_MEGATRON_CORE)} (pip install 'rankmesh[megatron]')"
+            f"install megatron-core {', '.join(SUPPORTED_MEGATRON_CORE)} ({install_hint('megatron-core')})"
         )
     import warnings
 

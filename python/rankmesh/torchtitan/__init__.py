@@ -26,8 +26,8 @@ Without touching the script, from torchtitan's own configuration: prefix ``--mod
 Two names are replaced, each in one assignment, so there is never a half-patched state:
 
 - ``torchtitan.distributed.parallel_dims.init_device_mesh``: the installed torchtitan's module
-  reads it when it builds its meshes. On a torchtitan version that is not in
-  :data:`SUPPORTED_VERSIONS`, or when that name is not torch's ``init_device_mesh`` (someone else
+  reads it when it builds its meshes. On a torchtitan version rankmesh has not read
+  (``rankmesh._dependencies``), or when that name is not torch's ``init_device_mesh`` (someone else
   replaced it), :func:`accelerate` warns once and leaves torch's path, and the next name, in place.
 - ``spmd_types._mesh_axis.MeshAxis.__le__``, where spmd_types is installed: the patch
   ``rankmesh.patches`` calls "spmd_axis_le" (:mod:`rankmesh.torchtitan.spmd_axis`). torch's FSDP2
@@ -55,24 +55,18 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from rankmesh._dependencies import DEPENDENCIES, available, unsupported, warn_unsupported
+from rankmesh._dependencies import DEPENDENCIES, available, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
-from rankmesh._once import warn_once
-from rankmesh._patch import Patch
+from rankmesh._patch import KnownCode, Patch
 
 __all__ = [
     "PATCH",
-    "SUPPORTED_VERSIONS",
     "Acceleration",
     "accelerate",
     "restore",
     "is_accelerated",
     "installed_version",
 ]
-
-#: torchtitan releases whose ``ParallelDims.build_mesh`` rankmesh has read and tests against
-#: (:mod:`rankmesh._dependencies`, where every optional dependency's versions live).
-SUPPORTED_VERSIONS: tuple[str, ...] = DEPENDENCIES["torchtitan"].releases
 
 _TARGET_MODULE = "torchtitan.distributed.parallel_dims"
 _TARGET_NAME = "init_device_mesh"
@@ -85,13 +79,8 @@ _lock = threading.Lock()
 _owner: tuple[Acceleration, Any, Any] | None = None
 
 
-def _version_reason() -> str | None:
-    """Why the installed torchtitan is not one rankmesh has read (None when it is)."""
-    return unsupported("torchtitan", installed=installed_version())
-
-
-def _recognise(original: Any) -> str | None:
-    """None when ``original`` is torch's ``init_device_mesh`` in a torchtitan rankmesh has read."""
+def _still_torchs(original: Any) -> str | None:
+    """None when ``original`` (the name torchtitan's module reads) is still torch's ``init_device_mesh``."""
     import inspect
 
     from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
@@ -103,7 +92,7 @@ def _recognise(original: Any) -> str | None:
             f"{_TARGET_MODULE}.{_TARGET_NAME} is {original!r}, not torch's init_device_mesh "
             "(something else replaced it)"
         )
-    return _version_reason()
+    return None
 
 
 def _make(original: Any) -> Any:
@@ -123,8 +112,11 @@ PATCH = Patch(
     _make,
     why="torchtitan's meshes become rankmesh's: every _unflatten, _flatten and slice of its world mesh "
     "is O(group) with one process group per distinct partition",
-    versions=f"torchtitan {', '.join(SUPPORTED_VERSIONS)}, the name still torch's init_device_mesh",
-    recognise=_recognise,
+    versions=f"torchtitan {DEPENDENCIES['torchtitan'].supported}, the name still torch's init_device_mesh",
+    # torchtitan's releases whose ParallelDims.build_mesh rankmesh has read and tests against, by
+    # version (the name it replaces is torch's function, checked by identity)
+    code=KnownCode("torchtitan", {r: {} for r in DEPENDENCIES["torchtitan"].releases}),
+    check=_still_torchs,
 )
 
 
@@ -232,32 +224,14 @@ def accelerate() -> Acceleration:
     while it is active is harmless (the second handle does nothing on exit).
     """
     global _owner
-    reason = _version_reason()
-    if reason is not None:
-        what = (
-            "nothing to accelerate" if installed_version() is None else "torchtitan keeps torch's own DeviceMesh path"
-        )
-        warn_unsupported("torchtitan", reason, f"rankmesh.torchtitan.accelerate(): {what}")
-        return Acceleration(reason)
-
-    import importlib
-    import inspect
-
-    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
-
-    module = importlib.import_module(_TARGET_MODULE)
     with _lock:
         if PATCH.installed:
             return Acceleration("already accelerated")
-        current = getattr(module, _TARGET_NAME, None)
-        # rankmesh.accelerate()'s general patch keeps torch's function as __wrapped__ (see _recognise)
-        if current is None or inspect.unwrap(current) is not inspect.unwrap(torch_init_device_mesh):
-            warn_once(
-                ("torchtitan", "foreign"),
-                f"rankmesh.torchtitan.accelerate(): {_TARGET_MODULE}.{_TARGET_NAME} is {current!r}, "
-                "not torch's init_device_mesh (something else replaced it); leaving it alone",
-            )
-            return Acceleration(f"{_TARGET_MODULE}.{_TARGET_NAME} was replaced by something else")
+        reason = PATCH.recognise()  # the patch's own checks: a torchtitan read, the name still torch's
+        if reason is not None:
+            what = "torchtitan keeps torch's own DeviceMesh path" if installed_version() else "nothing to accelerate"
+            warn_unsupported("torchtitan", reason, f"rankmesh.torchtitan.accelerate(): {what}")
+            return Acceleration(reason)
         if not PATCH.install():
             return Acceleration(f"the patch {PATCH.name!r} is disabled (RANKMESH_DISABLE) or not recognised")
         handle = Acceleration()

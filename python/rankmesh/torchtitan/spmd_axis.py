@@ -21,7 +21,7 @@ other pair :func:`contains` says ``None`` and spmd_types' own set test decides.
     >>> contains([(2, 3)], [(4, 1)]) is None     # {0, 3} in {0..3}: cut points 3 and 4 are no chain
     True
 
-This module imports neither torch nor spmd_types until :func:`make_le` or :func:`unknown` runs.
+This module imports neither torch nor spmd_types until :func:`make_le` or ``PATCH.recognise()`` runs.
 """
 
 from __future__ import annotations
@@ -29,17 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rankmesh._dependencies import DEPENDENCIES, unsupported
-from rankmesh._dependencies import version as dependency_version
-from rankmesh._patch import Patch, bodies_unknown
+from rankmesh._dependencies import DEPENDENCIES
+from rankmesh._patch import KnownCode, Patch
 
-__all__ = ["COUNTS", "KNOWN_BODY_HASHES", "KNOWN_VERSIONS", "contains", "make_le", "unknown"]
-
-#: spmd_types releases whose ``MeshAxis.__le__`` rankmesh has read (one body in all four).
-KNOWN_VERSIONS: tuple[str, ...] = DEPENDENCIES["spmd_types"].releases
-
-#: :func:`rankmesh._patch.source_hash` of that ``__le__``, the same in every version above.
-KNOWN_BODY_HASHES: frozenset[str] = frozenset({"a7be55d60579d6bb"})
+__all__ = ["COUNTS", "PATCH", "contains", "make_le"]
 
 #: How often rankmesh's ``__le__`` decided by modes and how often it handed over to spmd_types'
 #: own set test ("fallback"), since import; the tests read it to see which path ran.
@@ -127,18 +120,7 @@ def make_le(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return __le__
 
 
-def unknown(original: Any) -> str | None:
-    """None when ``original`` is the ``MeshAxis.__le__`` rankmesh was written against (a version
-    in :data:`KNOWN_VERSIONS` and a body in :data:`KNOWN_BODY_HASHES`), else why it is not."""
-    reason = unsupported("spmd_types", KNOWN_VERSIONS)
-    if reason is not None:
-        return reason
-    version = dependency_version("spmd_types")
-    what = f"spmd_types {version}'s MeshAxis.__le__"
-    return bodies_unknown(
-        "patch spmd_axis_le", {what: original}, {what: KNOWN_BODY_HASHES}, scope=f"spmd_types {version}"
-    )
-
+_LE_BODY = {"spmd_types._mesh_axis.MeshAxis.__le__": frozenset({"a7be55d60579d6bb"})}
 
 #: The patch (listed in :mod:`rankmesh.patches`; installed by :func:`rankmesh.torchtitan.accelerate`).
 PATCH = Patch(
@@ -148,6 +130,7 @@ PATCH = Patch(
     lambda original: make_le(original),
     why="torch's FSDP2 compares mesh axes twice per parameter; spmd_types builds both axes' rank sets each time "
     "(58 ms per call at 2^20); rankmesh compares (size, stride) modes in O(modes), the sets where they are no chain",
-    versions=f"spmd_types {', '.join(KNOWN_VERSIONS)} with the known __le__ body",
-    recognise=lambda original: unknown(original),
+    versions=f"spmd_types {DEPENDENCIES['spmd_types'].supported} with the known __le__ body",
+    # one body in every release spmd_types has published since 0.2.3
+    code=KnownCode("spmd_types", {r: _LE_BODY for r in DEPENDENCIES["spmd_types"].releases}),
 )
