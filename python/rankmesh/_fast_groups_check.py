@@ -160,7 +160,7 @@ def _names_reason() -> str | None:
 #: reused for other code.
 _PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
 _PROBED_OURS = ("salt", "_names_reason", "_probe_reason", "_split_probe_reason", "_entries", "_registry", "_writes",
-                "_writes_differing", "hashed_group_name")  # fmt: skip
+                "_writes_differing", "hashed_group_name")
 
 
 def _code_of(obj: Any) -> tuple[str, Any]:

@@ -155,7 +155,7 @@ def _model(world: int, *, stock: bool) -> int:
     if stock:
         t, m = runs["torch"]["cold_total_s"], runs["rankmesh"]["cold_total_s"]
         print(f"  speed-up: {t / m:,.1f}x; process groups on this rank: {runs['torch']['process_groups']} stock, "
-              f"{runs['rankmesh']['process_groups']} rankmesh")  # fmt: skip
+              f"{runs['rankmesh']['process_groups']} rankmesh")
     return 0
 
 

@@ -143,7 +143,7 @@ def titan030_recipe(init: Callable[..., Any], world: int) -> list[Any]:
     deg = dict(
         pp=pp, batch=dpr * dps, cp=cp, tp=tp, dp_replicate=dpr, dp_shard=dps, fsdp=dps * cp,
         ep=ep, efsdp=dps * cp * tp // (ep * etp), etp=etp,
-    )  # fmt: skip
+    )
     world_mesh = init("cpu", (world,), mesh_dim_names=("world",))
 
     def unflatten(names: tuple[str, ...]) -> Any:
@@ -569,7 +569,7 @@ def plot(rows: list[dict], path: Path, title: str, recipes: tuple[str, ...] = RE
     markers = "o", "s", "^", "D", "v", "P", "X", "*", "h"
     styles = {r: markers[i % len(markers)] for i, r in enumerate(recipes)}
     colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
-              ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}  # fmt: skip
+              ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}
     for recipe in recipes:
         for p in PATHS:
             for impl in IMPLS:

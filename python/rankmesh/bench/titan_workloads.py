@@ -55,7 +55,7 @@ def _cpu_device_type() -> None:
 
 
 def _config(registry_fn: Callable[[], Any], world: int, backend: str, *, tp: int, dp_shard: int, pp: int = 1,
-            ep: int = 1, **parallelism: Any) -> Any:  # fmt: skip
+            ep: int = 1, **parallelism: Any) -> Any:
     """A ``Trainer.Config`` from one of torchtitan's config registry functions with the
     parallelism set as the command line would set it."""
     config = registry_fn()
@@ -147,7 +147,7 @@ def param_summary(parts: list[Any]) -> list[tuple]:
                 out.append(
                     (prefix + name, str(tuple(p.placements)), tuple(m.mesh_dim_names or ()), tuple(m.shape),
                      tuple(p.shape), tuple(p._local_tensor.shape))
-                )  # fmt: skip
+                )
             else:
                 out.append((prefix + name, "plain", (), (), tuple(p.shape), tuple(p.shape)))
     return out
@@ -180,7 +180,7 @@ def pipeline(impl: str, world: int, *, rank: int | None = None, backend: str = "
     config = _config(
         registry, world, backend, tp=8, dp_shard=64, pp=4,
         pipeline_parallel_schedule="1F1B", pipeline_parallel_microbatch_size=1,
-    )  # fmt: skip
+    )
     return run_titan(impl, world, config, rank=rank)
 
 
