@@ -45,7 +45,6 @@ from rankmesh.megatron.order import DEFAULT_ORDER, MEGATRON_DIMS, order_problem,
 if TYPE_CHECKING:
     from rankmesh.megatron.hyper_comm_grid import HyperCommGrid
     from rankmesh.megatron.parallel_state import (
-        SUPPORTED_MEGATRON_CORE,
         destroy_model_parallel,
         initialize_model_parallel,
         last_build_report,
@@ -66,7 +65,6 @@ __all__ = [
     "initialize_model_parallel",
     "destroy_model_parallel",
     "last_build_report",
-    "SUPPORTED_MEGATRON_CORE",
     "HyperCommGrid",
 ]
 
@@ -76,7 +74,6 @@ _LAZY = {
     "initialize_model_parallel": "rankmesh.megatron.parallel_state",
     "destroy_model_parallel": "rankmesh.megatron.parallel_state",
     "last_build_report": "rankmesh.megatron.parallel_state",
-    "SUPPORTED_MEGATRON_CORE": "rankmesh.megatron.parallel_state",
     "HyperCommGrid": "rankmesh.megatron.hyper_comm_grid",
 }
 

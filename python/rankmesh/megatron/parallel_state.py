@@ -24,7 +24,6 @@ from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownName
 from rankmesh.megatron.parallel_state_groups import MUST_BE_UNSET, Checked, make_groups
 
 __all__ = [
-    "SUPPORTED_MEGATRON_CORE",
     "initialize_model_parallel",
     "destroy_model_parallel",
     "last_build_report",
@@ -32,10 +31,10 @@ __all__ = [
     "parallel_state",
 ]
 
-#: The megatron-core releases :func:`initialize_model_parallel` is proved against (its
-#: ``parallel_state`` globals and the groups behind them change between minor releases); any
-#: other gets megatron-core's own function, after one warning (:mod:`rankmesh._dependencies`).
-SUPPORTED_MEGATRON_CORE: tuple[str, ...] = DEPENDENCIES["megatron-core"].releases
+# The megatron-core releases initialize_model_parallel is proved against (its parallel_state
+# globals and the groups behind them change between minor releases) are the one table of
+# rankmesh._dependencies; any other gets megatron-core's own function, after one warning.
+_RELEASES: tuple[str, ...] = DEPENDENCIES["megatron-core"].releases
 
 _last_builder: Any = None
 
@@ -51,7 +50,7 @@ def parallel_state():
     if megatron_core_version() is None:
         raise ImportError(
             "rankmesh.megatron.initialize_model_parallel fills megatron-core's parallel_state; "
-            f"install megatron-core {', '.join(SUPPORTED_MEGATRON_CORE)} ({install_hint('megatron-core')})"
+            f"install megatron-core {', '.join(_RELEASES)} ({install_hint('megatron-core')})"
         )
     import warnings
 
@@ -73,7 +72,7 @@ def _stock(ps: Any, version: str, args: dict[str, Any]) -> None:
         raise UnsupportedVersionError(
             f"{unread}, and parallel_state.initialize_model_parallel is rankmesh's, so there is no stock "
             "function left to run; remove the assignment that put rankmesh's there, or install megatron-core "
-            f"{', '.join(SUPPORTED_MEGATRON_CORE)}",
+            f"{', '.join(_RELEASES)}",
             field="megatron-core",
             value=version,
         )
@@ -144,8 +143,8 @@ def initialize_model_parallel(
       megatron-core.
 
     Returns the :class:`~rankmesh.BuildReport` of the groups created (megatron-core returns
-    None). A megatron-core outside :data:`SUPPORTED_MEGATRON_CORE` gets megatron-core's own
-    function (and None back), after one ``RuntimeWarning``. Errors, raised before any group
+    None). A megatron-core outside the releases ``rankmesh._dependencies`` lists gets
+    megatron-core's own function (and None back), after one ``RuntimeWarning``. Errors, raised before any group
     exists: :class:`~rankmesh.MegatronStateError`
     (torch.distributed not initialised, model parallelism already initialised; also an
     ``AssertionError``), :class:`~rankmesh.ParallelConfigError` (a ``RuntimeError``, where
