@@ -366,6 +366,25 @@ def _writes_differing(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]
     return sorted(t for t in theirs.keys() | ours.keys() if theirs.get(t) != ours.get(t))
 
 
+def _differs_from_torchs(
+    theirs: dist.ProcessGroup,
+    ours: dist.ProcessGroup,
+    torch_step: int,
+    torch_writes: dict[str, Any],
+    count: int,
+    before: Any,
+    probe: str,
+    where: str,
+) -> str | None:
+    """How rankmesh's probe group ``ours`` (made after ``count`` groups, over the registry
+    ``before``) differs from torch's ``theirs`` (which moved the counter by ``torch_step`` and
+    wrote ``torch_writes``), or None: the comparison both probes make."""
+    if c10d._world.group_count - count != torch_step:
+        return f"torch's group counter moves differently{where}"
+    diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
+    return f"{probe}'s registry entries differ from torch's: {diff}" if diff else None
+
+
 def _probe_reason(backend: str, create: Callable[..., Any]) -> str | None:
     """Make a one-rank probe group both ways (torch's ``new_group``; ``create``, rankmesh's
     ``_create(ranks, ranks_list, backend, pg_options, timeout, group_desc)``) and compare every
@@ -389,11 +408,7 @@ def _probe_reason(backend: str, create: Callable[..., Any]) -> str | None:
         count, before = w.group_count, between
         ours = create(ranks, [me], backend, None, None, "rankmesh_probe")
         made.append(ours)
-        if w.group_count - count != torch_step:
-            return "torch's group counter moves differently"
-        diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
-        if diff:
-            return f"the probe group's registry entries differ from torch's: {diff}"
+        return _differs_from_torchs(theirs, ours, torch_step, torch_writes, count, before, "the probe group", "")
     except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
         return f"the probe group failed: {type(e).__name__}: {e}"
     finally:
@@ -401,7 +416,6 @@ def _probe_reason(backend: str, create: Callable[..., Any]) -> str | None:
             dist.destroy_process_group(pg)
         # The probe leaves no trace: the next group gets the name torch's own call would give it.
         w.group_count = start
-    return None
 
 
 def new_group_ok(backend: str, create: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
@@ -473,18 +487,15 @@ def _split_probe_reason(split: Callable[..., Any]) -> str | None:
         if ours is None:
             return "rankmesh's split of the probe gave no group"
         made.append(ours)
-        if w.group_count - count != torch_step:
-            return "torch's group counter moves differently in split_group"
-        diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
-        if diff:
-            return f"the split probe group's registry entries differ from torch's: {diff}"
+        return _differs_from_torchs(
+            theirs, ours, torch_step, torch_writes, count, before, "the split probe group", " in split_group"
+        )
     except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
         return f"the split probe failed: {type(e).__name__}: {e}"
     finally:
         for pg in reversed(made):
             dist.destroy_process_group(pg)
         w.group_count = start
-    return None
 
 
 def split_ok(split: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
