@@ -159,8 +159,19 @@ def _names_reason() -> str | None:
 #: them replaced in this process (a wrapper, a monkeypatch) makes another key, so a verdict is never
 #: reused for other code.
 _PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
-_PROBED_OURS = ("salt", "_names_reason", "_probe_reason", "_split_probe_reason", "_entries", "_registry", "_writes",
-                "_writes_differing", "hashed_group_name")
+_PROBED_OURS = (
+    "salt",
+    "_names_reason",
+    "_probe_reason",
+    "_split_probe_reason",
+    "_differs_from_torchs",
+    "_entries",
+    "_entries_differing",
+    "_registry",
+    "_writes",
+    "_writes_differing",
+    "hashed_group_name",
+)
 
 
 def _code_of(obj: Any) -> tuple[str, Any]:
