@@ -20,6 +20,7 @@ import linecache
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -199,7 +200,7 @@ class KnownCode:
         seen = self._seen
         if seen is not None and seen[:2] == (_verdicts.generation(), known) and _same(seen[2], codes):
             return seen[3]
-        key = _bodies_key(fns, {p: sorted(h) for p, h in known.items()})
+        key = _bodies_key(dict(zip(fns, codes)), {p: sorted(h) for p, h in known.items()})
         if key is None:
             reason = _hashes_reason(fns, known)
         else:
@@ -236,16 +237,16 @@ def _hashes_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str
     return None
 
 
-def _bodies_key(fns: dict[str, Any], known: dict[str, list[str]]) -> dict[str, Any] | None:
+def _bodies_key(codes: dict[str, Any], known: dict[str, list[str]]) -> dict[str, Any] | None:
     """What decides :meth:`KnownCode.recognise`'s body check, without reading a source file: the
-    hashes known, and each function as this process has it (file, first line, the file's size and
-    mtime); None when one has no code or its file cannot be stat'ed (then the bodies are hashed)."""
+    hashes known, and each function as this process has it (``codes``: dotted path -> :func:`_code`;
+    file, first line, the file's size and mtime); None when one has no code or its file cannot be
+    stat'ed (then the bodies are hashed)."""
     from rankmesh._verdicts import code_key
 
     code = []
-    for path, fn in fns.items():
-        co = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None)
-        if co is None:
+    for path, co in codes.items():
+        if not isinstance(co, types.CodeType):
             return None
         code.append([path, co.co_filename, co.co_firstlineno])
     return code_key(sorted({c[1] for c in code}), known=known, code=code)
