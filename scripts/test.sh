@@ -9,8 +9,13 @@
 #   RANKMESH_TORCH_VERSIONS=2.15.0 bash scripts/test.sh -x -q   # one torch, pytest flags
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A hang fails its step with a message instead of holding CI until its time runs out: cargo test
+# takes seconds (10 minutes is a hang; pytest's own per-test limit is in pyproject.toml).
 echo "== cargo test (core, no Python)"
-cargo test --locked -q
+if ! timeout -k 30 600 cargo test --locked -q; then
+  echo "== cargo test FAILED or hung (killed after 600 s)" >&2
+  exit 1
+fi
 echo "== lint: cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --check
 PYO3_PYTHON=${PYO3_PYTHON:-$(command -v python3)} cargo clippy --locked -q --all-targets --features python -- -D warnings
