@@ -335,6 +335,17 @@ class RankTable(dict):
         return dict.__sizeof__(self) + (0 if self._members is None else self._members.__sizeof__())
 
 
+def _optional(timeout: datetime.timedelta | None, pg_options: Any) -> dict[str, Any]:
+    """The ``timeout`` and ``pg_options`` keywords for torch's ``new_group``/``split_group``, each
+    only when given (so torch applies its own defaults, as for a caller that left them out)."""
+    out: dict[str, Any] = {}
+    if timeout is not None:
+        out["timeout"] = timeout
+    if pg_options is not None:
+        out["pg_options"] = pg_options
+    return out
+
+
 def new_member_group(
     ranks: np.ndarray,
     *,
@@ -353,12 +364,13 @@ def new_member_group(
     ranks_list = _as_list(ranks)
     drawn = _refuse_stale_name(ranks, backend)
     if not uses_fast_path(backend):
-        extra: dict[str, Any] = {}
-        if timeout is not None:
-            extra["timeout"] = timeout
-        if pg_options is not None:
-            extra["pg_options"] = pg_options
-        pg = dist.new_group(ranks_list, backend=backend, use_local_synchronization=True, group_desc=group_desc, **extra)
+        pg = dist.new_group(
+            ranks_list,
+            backend=backend,
+            use_local_synchronization=True,
+            group_desc=group_desc,
+            **_optional(timeout, pg_options),
+        )
     else:
         pg = _create(ranks, ranks_list, backend, pg_options, timeout, group_desc)
     if drawn is not None:
@@ -570,13 +582,10 @@ def split_member_group(
     members = ranks.tolist()
     if uses_fast_split():
         return _split(default, ranks, members, members, timeout, pg_options, group_desc)
-    extra: dict[str, Any] = {}
-    if timeout is not None:
-        extra["timeout"] = timeout
-    if pg_options is not None:
-        extra["pg_options"] = pg_options
     with narrowed_parent_ranks(default, members, default.size()):
-        pg = dist.split_group(parent_pg=default, split_ranks=[members], group_desc=group_desc, **extra)
+        pg = dist.split_group(
+            parent_pg=default, split_ranks=[members], group_desc=group_desc, **_optional(timeout, pg_options)
+        )
     return pg if isinstance(pg, dist.ProcessGroup) else None
 
 
@@ -593,12 +602,9 @@ def split_non_member(
     the call drew a group name (moved the counter)."""
     default = c10d._get_default_group()
     me = default.rank()
-    extra: dict[str, Any] = {}
-    if timeout is not None:
-        extra["timeout"] = timeout
-    if pg_options is not None:
-        extra["pg_options"] = pg_options
     count = c10d._world.group_count
     with narrowed_parent_ranks(default, [me, other], default.size()):
-        dist.split_group(parent_pg=default, split_ranks=[[other]], group_desc=group_desc, **extra)
+        dist.split_group(
+            parent_pg=default, split_ranks=[[other]], group_desc=group_desc, **_optional(timeout, pg_options)
+        )
     return c10d._world.group_count != count
