@@ -344,3 +344,49 @@ def test_the_torch_compat_algebra_check_is_computed_once_per_install(cache, monk
     monkeypatch.setattr(_torch_compat, "_algebra_key", lambda: key)
     _verdicts.forget()
     assert _torch_compat._self_check() is None and len(runs) == 2
+
+
+def test_a_package_without_a_version_attribute_is_looked_up_once_per_install(cache, tmp_path, monkeypatch):
+    """spmd_types names no ``__version__``: its install metadata is searched once per install
+    (~0.3 ms of the first mesh), then read from the cache; a change to any ``sys.path`` folder (a
+    package installed, upgraded or removed there) or to the package's own file searches again."""
+    from importlib import metadata
+
+    from rankmesh import _dependencies
+
+    pytest.importorskip("spmd_types")
+    real = metadata.distribution
+    searched = []
+
+    def counting(name):
+        searched.append(name)
+        return real(name)
+
+    monkeypatch.setattr(_dependencies.metadata, "distribution", counting)
+    monkeypatch.setattr(_dependencies, "_versions", {})
+    truth = real("spmd_types").version
+    assert _dependencies.version("spmd_types") == truth and searched == ["spmd_types"]
+
+    monkeypatch.setattr(_dependencies, "_versions", {})  # a new process: the file answers
+    _verdicts.forget()
+    assert _dependencies.version("spmd_types") == truth and searched == ["spmd_types"]
+
+    folder = tmp_path / "site"  # a sys.path folder in which something is then installed
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    for step in ("on the path", "a package installed there"):
+        if step != "on the path":
+            (folder / "other-1.0.dist-info").mkdir()
+            os.utime(folder, ns=(1, os.stat(folder).st_mtime_ns + 10**9))
+        monkeypatch.setattr(_dependencies, "_versions", {})
+        _verdicts.forget()
+        before = len(searched)
+        assert _dependencies.version("spmd_types") == truth
+        assert len(searched) == before + 1, step
+
+    monkeypatch.setenv(_verdicts.ENV, "")  # the cache off: every process searches
+    for _ in range(2):
+        monkeypatch.setattr(_dependencies, "_versions", {})
+        _verdicts.forget()
+        before = len(searched)
+        assert _dependencies.version("spmd_types") == truth and len(searched) == before + 1

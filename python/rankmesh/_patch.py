@@ -116,11 +116,13 @@ def verdict_scope(dependency: str) -> str:
     """The verdict file (:mod:`rankmesh._verdicts`) of ``dependency``'s install: the folder its
     module is imported from (``.../site-packages/torch``) and Python's version, so every check of
     one install shares one file; its name and version where the module is not imported."""
-    from rankmesh import _dependencies
+    from rankmesh import _dependencies, _verdicts
 
     module = sys.modules.get(_dependencies.DEPENDENCIES[dependency].module)
-    where = os.path.dirname(getattr(module, "__file__", None) or "")
-    return f"{where or dependency + ' ' + str(_dependencies.version(dependency))} {sys.version}"
+    file = getattr(module, "__file__", None)
+    if isinstance(file, str) and os.path.dirname(file):
+        return _verdicts.install_scope(file)
+    return f"{dependency} {_dependencies.version(dependency)} {sys.version}"
 
 
 class KnownCode:

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "code_key", "forget", "generation", "verdict"]
+__all__ = ["ENV", "FORMAT", "cache_dir", "cache_file", "code_key", "forget", "generation", "install_scope", "verdict"]
 
 #: The environment variable that moves the cache (a directory), or turns it off (set and empty).
 ENV = "RANKMESH_CACHE_DIR"
@@ -77,6 +77,12 @@ def cache_dir() -> str | None:
     if home == "~" or not os.path.isabs(home):  # no HOME and no password entry
         return None
     return os.path.join(home, ".cache", "rankmesh")
+
+
+def install_scope(module_file: str) -> str:
+    """The ``scope`` of the install a module was imported from: its folder and Python's version, so
+    every check of one install (``.../site-packages/torch``) shares one file."""
+    return f"{os.path.dirname(module_file)} {sys.version}"
 
 
 def cache_file(scope: str) -> str | None:
