@@ -429,3 +429,17 @@ def test_rankmesh_disable_fast_groups_leaves_the_split_rank_table_alone(monkeypa
         pg = fg.split_member_group(np.asarray([1, 3], dtype=np.int32))
         fg.split_non_member(5)
         assert seen == [8, 8] and dist.get_process_group_ranks(pg) == [1, 3]
+
+
+def test_group_members_counts_every_member_of_this_ranks_groups_and_not_the_default_group():
+    """What the benchmarks report as "members": rankmesh's groups and torch's own alike, RankTables
+    (64+ members) by their length without filling them."""
+    from rankmesh.mesh import init_device_mesh
+
+    with fake_world(1 << 12, 70):
+        assert fg.group_members() == 0
+        init_device_mesh("cpu", (64, 64), mesh_dim_names=("dp", "tp"))  # dp 64 members, tp 64
+        dist.new_group([3, 70, 99], use_local_synchronization=True)
+        tables = [t for t in c10d._world.pg_group_ranks.values() if isinstance(t, fg.RankTable)]
+        assert fg.group_members() == 64 + 64 + 3
+        assert tables and all(t._members is not None for t in tables)  # counted, not filled

@@ -452,6 +452,15 @@ def registered_groups() -> int:
     return len(c10d._world.pg_map)
 
 
+def group_members() -> int:
+    """How many members the process groups this rank has registered hold, the default group left
+    out (the sum of their rank tables' lengths): the one part of a build that grows with the
+    world on every road, since torch needs each member of a rank's own groups (a rank table entry,
+    the backend's member list). What the benchmarks report as "members"."""
+    default = dist.group.WORLD
+    return sum(len(table) for pg, table in c10d._world.pg_group_ranks.items() if pg is not default)
+
+
 def resolve_group(name: str) -> dist.ProcessGroup | None:
     """The process group registered under ``name`` on this rank, or None when there is none
     (torch's ``_resolve_process_group``, which raises for an unknown name)."""

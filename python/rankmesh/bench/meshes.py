@@ -321,7 +321,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     import rankmesh.devicemesh  # noqa: F401
     import rankmesh.mesh  # noqa: F401
     import rankmesh.torchtitan.parallel_dims  # noqa: F401
-    from rankmesh._fast_groups import init_fake_world, registered_groups
+    from rankmesh._fast_groups import group_members, init_fake_world, registered_groups
 
     if recipe == "torchtitan":
         import torchtitan.distributed.parallel_dims  # noqa: F401  (seconds of imports)
@@ -383,6 +383,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         "cold_s": cold,
         "meshes_fetched": fetched,
         "process_groups": registered_groups() - pgs_before,
+        "members": group_members(),
         "extra_rss_mb": max(0.0, _peak_rss_mb() - rss_before),
         "torch": torch.__version__,
     }
@@ -474,6 +475,10 @@ def parse_worlds(p: argparse.ArgumentParser, text: str) -> list[int]:
     return [1 << x for x in logs]
 
 
+def _fmt_count(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}"
+
+
 def _fmt_s(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
 
@@ -499,6 +504,7 @@ def summarize(samples: list[dict]) -> list[dict]:
                     "fresh_s": statistics.median(fresh) if fresh else None,  # first process, empty cache
                     "extra_rss_mb": statistics.median(s["extra_rss_mb"] for s in mine),
                     "process_groups": mine[0]["process_groups"],
+                    "members": mine[0].get("members"),
                     "meshes": mine[0]["meshes_fetched"],
                     "repeats": len(mine),
                 }
@@ -523,8 +529,8 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
                 "",
                 "| world size | stock torch, cold | rankmesh, cold | speed-up, cold | rankmesh, cold, fresh install "
                 "| stock torch, warm | rankmesh, warm | speed-up, warm | extra RSS torch | extra RSS rankmesh "
-                "| PGs/rank torch | PGs/rank rankmesh |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| PGs/rank torch | PGs/rank rankmesh | members/rank torch | members/rank rankmesh |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for r in mine:
                 t, m = r.get("torch"), r.get("rankmesh")
@@ -537,7 +543,8 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
                     f"| {cell(t, 'median_s', _fmt_s)} | {cell(m, 'median_s', _fmt_s)} | {speed} "
                     f"| {cell(t, 'extra_rss_mb', lambda v: f'{v:,.0f} MB')} "
                     f"| {cell(m, 'extra_rss_mb', lambda v: f'{v:,.1f} MB')} "
-                    f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} |"
+                    f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} "
+                    f"| {cell(t, 'members', _fmt_count)} | {cell(m, 'members', _fmt_count)} |"
                 )
             if ("torch", recipe, path) in NOT_MEASURABLE:
                 lines += ["", f"Stock not measured here: {NOT_MEASURABLE['torch', recipe, path]}."]
