@@ -516,6 +516,41 @@ def summarize(samples: list[dict]) -> list[dict]:
     return rows
 
 
+def member_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """The least-squares line ``seconds = fixed + per_member * members`` through ``(members,
+    seconds)`` points: what a build costs apart from its groups' members, and per member.
+
+    >>> member_fit([(100, 0.002 + 100 * 50e-9), (10_000, 0.002 + 10_000 * 50e-9), (90_000, 0.0065)])
+    (0.002, 5e-08)
+    """
+    n = len(points)
+    mean_m = sum(m for m, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    var = sum((m - mean_m) ** 2 for m, _ in points)
+    per_member = sum((m - mean_m) * (t - mean_t) for m, t in points) / var if var else 0.0
+    return round(mean_t - per_member * mean_m, 12), round(per_member, 15)
+
+
+def _growth_lines(mine: list[dict]) -> list[str]:
+    """Below a recipe's table: how rankmesh's first call grows from the smallest world to the
+    largest, how much its groups' members grew, and the same growth with the members' share taken
+    out (a :func:`member_fit` over the worlds measured)."""
+    pts = [(r["world"], r["rankmesh"]["members"], r["rankmesh"]["cold_s"]) for r in mine if "rankmesh" in r]
+    pts = [p for p in pts if p[1] is not None and p[2]]
+    if len(pts) < 3 or pts[0][1] == pts[-1][1]:
+        return []
+    fixed, per_member = member_fit([(m, t) for _, m, t in pts])
+    (w0, m0, t0), (w1, m1, t1) = pts[0], pts[-1]
+    rest0, rest1 = t0 - per_member * m0, t1 - per_member * m1
+    rest = f"{rest1 / rest0:.2f}×" if rest0 > 0 and rest1 > 0 else "–"
+    return [
+        "",
+        f"rankmesh, first call, {w0:,} → {w1:,} ranks: {t1 / t0:.2f}× while its groups' members grew "
+        f"{m1 / max(m0, 1):,.0f}× ({m0:,} → {m1:,}); fitted over the {len(pts)} worlds, "
+        f"{_fmt_s(fixed)} + {per_member * 1e9:,.0f} ns per member, and apart from the members {rest}.",
+    ]
+
+
 def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
     lines = []
     for recipe in RECIPES:
@@ -546,6 +581,7 @@ def to_markdown(rows: list[dict], split_calls: list[dict]) -> str:
                     f"| {cell(t, 'process_groups', str)} | {cell(m, 'process_groups', str)} "
                     f"| {cell(t, 'members', _fmt_count)} | {cell(m, 'members', _fmt_count)} |"
                 )
+            lines += _growth_lines(mine)
             if ("torch", recipe, path) in NOT_MEASURABLE:
                 lines += ["", f"Stock not measured here: {NOT_MEASURABLE['torch', recipe, path]}."]
             lines.append("")
