@@ -56,10 +56,10 @@ Private torch state is named in two modules only, each with a start-up check
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import sys
 import threading
+import types
 
 import torch
 
@@ -391,9 +391,11 @@ def _algebra_key() -> dict | None:
     native = sys.modules.get("rankmesh._native")
     files = [mesh_layout.__file__, __file__, getattr(native, "__file__", None)]
     pycute = sys.modules.get("torch.distributed._pycute")
-    if pycute is not None:
-        folder = os.path.dirname(pycute.__file__)
-        files += sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py"))
+    if pycute is not None:  # the package and the modules it imports (no listdir: ~0.03 ms)
+        inside = pycute.__name__ + "."
+        files.append(pycute.__file__)
+        modules = [m for m in vars(pycute).values() if isinstance(m, types.ModuleType)]
+        files += sorted(m.__file__ for m in modules if m.__name__.startswith(inside))
     from rankmesh._verdicts import code_key
 
     return code_key(
