@@ -23,6 +23,7 @@ use std::sync::{Arc, OnceLock};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::{LayoutError, Result, Value, MAX_WORLD_SIZE};
+use crate::slice::Slice;
 
 /// One (size, stride) mode over the world index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,7 +78,7 @@ impl Axis {
 }
 
 /// torch's lexicographic `coalesce`, on a flat list of modes.
-fn coalesce(modes: &[Mode]) -> Vec<Mode> {
+pub(crate) fn coalesce(modes: &[Mode]) -> Vec<Mode> {
     let mut out: Vec<Mode> = Vec::with_capacity(modes.len());
     for m in modes.iter().rev() {
         if m.size == 1 {
@@ -270,52 +271,30 @@ impl Renumbering {
     }
 }
 
-/// Where a world over part of the job sits: index `i` of the world is rank
-/// `offset + sum(digit_k(i) * stride_k)` of a job of `global` ranks, the digits being `i` in mixed
-/// radix of the modes' sizes (lexicographic, last mode fastest). O(modes) to store, whatever the
-/// number of ranks: a contiguous range `[S, S + N)` is `offset S, modes [(N, 1)]`, a strided one
-/// `offset S, modes [(N, k)]`, the ranks of a `(dp, tp)` mesh inferred from its groups the modes of
-/// its dims side by side.
+/// Where a world over part of the job sits: index `i` of the world is rank `slice.rank_at(i)`
+/// (`offset + sum(digit_k(i) * stride_k)`, see [`Slice`]) of a job of `global` ranks. O(modes)
+/// to store, whatever the number of ranks: a contiguous range `[S, S + N)` is `offset S, modes
+/// [(N, 1)]`, a strided one `offset S, modes [(N, k)]`, the ranks of a `(dp, tp)` mesh inferred
+/// from its groups the modes of its dims side by side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     pub global: u64,
-    pub offset: u64,
-    /// In lexicographic order over the world index (outermost first), size-1 modes dropped.
-    pub modes: Vec<Mode>,
-    /// The same modes sorted by stride, largest first (what [`World::index_of`] inverts with).
-    by_stride: Vec<(Mode, u64)>,
+    pub slice: Slice,
 }
 
 impl Placement {
-    #[inline]
-    fn rank_at(&self, index: u64) -> u64 {
-        let mut rest = index;
-        let mut r = self.offset;
-        for m in self.modes.iter().rev() {
-            r += (rest % m.size) * m.stride;
-            rest /= m.size;
-        }
-        r
+    pub fn offset(&self) -> u64 {
+        self.slice.offset()
+    }
+
+    /// In lexicographic order over the world index (outermost first), size-1 modes dropped.
+    pub fn modes(&self) -> &[Mode] {
+        self.slice.modes()
     }
 
     /// `offset + (sizes):(strides)`, as errors and reprs show a placement.
     pub fn describe(&self) -> String {
-        format!("{} + {}", self.offset, describe_modes(&self.modes))
-    }
-
-    /// The world index of global rank `rank`, or None when it is not one of the world's ranks.
-    fn index_of(&self, rank: u64) -> Option<u64> {
-        let mut r = rank.checked_sub(self.offset)?;
-        let mut index = 0;
-        for &(m, weight) in &self.by_stride {
-            let digit = r / m.stride;
-            if digit >= m.size {
-                return None;
-            }
-            r -= digit * m.stride;
-            index += digit * weight;
-        }
-        (r == 0).then_some(index)
+        self.slice.describe()
     }
 }
 
@@ -369,55 +348,15 @@ impl World {
             }
             checked.push(Mode::new(size as u64, stride as u64));
         }
-        let modes = coalesce(&checked);
-        let all = || Value::Modes(vec![modes.iter().map(|m| (m.size, m.stride)).collect()]);
-        // Each mode with its weight in the world index (the product of the sizes inside it), sorted
-        // by stride, largest first: what index_of peels ranks with.
-        let mut weights = vec![0u64; modes.len()];
-        let mut w = 1u64;
-        for (k, m) in modes.iter().enumerate().rev() {
-            weights[k] = w;
-            w *= m.size;
-        }
-        let mut by_stride: Vec<(Mode, u64)> = modes.iter().copied().zip(weights).collect();
-        by_stride.sort_by_key(|(m, _)| std::cmp::Reverse(m.stride));
-        // Non-overlap: inside each mode, the modes of smaller stride span less than its stride.
-        let mut span = 1u128; // 1 + the largest offset of the modes seen so far (smallest strides)
-        for (m, _) in by_stride.iter().rev() {
-            if (m.stride as u128) < span {
-                return Err(bad(
-                    "modes".into(),
-                    all(),
-                    format!(
-                        "the modes overlap: stride {} is inside the span {span} of the modes of smaller stride, \
-                         so some rank would appear twice; give modes whose strides nest (e.g. (2, 4), (4, 1))",
-                        m.stride
-                    ),
-                ));
-            }
-            span += (m.size as u128 - 1) * m.stride as u128;
-        }
-        let last = offset as u128 + span - 1;
-        if last >= global as u128 {
-            return Err(LayoutError::RankOutOfRange {
-                rank: last as i128,
-                world_size: global,
-            });
-        }
-        let size: u64 = modes.iter().map(|m| m.size).product();
-        if offset == 0 && size == global && modes.len() <= 1 {
+        let slice = Slice::from_modes(offset as u64, &checked, global)?;
+        if offset == 0 && slice.len() == global && slice.modes().len() <= 1 {
             return World::new(global as i128, None);
         }
         Ok(World {
-            size,
+            size: slice.len(),
             rank_map: None,
             inverse: None,
-            placement: Some(Placement {
-                global,
-                offset: offset as u64,
-                modes,
-                by_stride,
-            }),
+            placement: Some(Placement { global, slice }),
             renumbering: None,
             digest: OnceLock::new(),
         })
@@ -610,7 +549,7 @@ impl World {
     pub fn rank_at(&self, index: u64) -> i32 {
         match (&self.rank_map, &self.placement, &self.renumbering) {
             (Some(m), _, _) => m[index as usize],
-            (None, Some(p), _) => p.rank_at(index) as i32,
+            (None, Some(p), _) => p.slice.rank_at(index) as i32,
             (None, None, Some(n)) => n.rank_at(index) as i32,
             (None, None, None) => index as i32,
         }
@@ -626,6 +565,7 @@ impl World {
         }
         if let Some(p) = &self.placement {
             return p
+                .slice
                 .index_of(rank as u64)
                 .ok_or_else(|| LayoutError::NotAMember {
                     rank,
@@ -655,8 +595,8 @@ impl World {
             if let Some(p) = &self.placement {
                 h.update(b"placed");
                 h.update(&p.global.to_le_bytes());
-                h.update(&p.offset.to_le_bytes());
-                for m in &p.modes {
+                h.update(&p.offset().to_le_bytes());
+                for m in p.modes() {
                     h.update(&m.size.to_le_bytes());
                     h.update(&m.stride.to_le_bytes());
                 }
@@ -1198,6 +1138,20 @@ impl Layout {
         Ok(out)
     }
 
+    /// The ranks of `rank`'s group along `dim` as a set, in O(modes): a [`Slice`] from the
+    /// group's smallest rank over the dim's partition modes (increasing order), or None when
+    /// the world is not in rank order (a rank map, a placement or a re-form: read
+    /// [`Layout::group`]).
+    pub fn group_slice(&self, rank: i128, dim: usize) -> Result<Option<Slice>> {
+        let i = self.world.index_of(rank)?;
+        let key = self.partition_key(dim)?;
+        if !self.world.is_identity() {
+            return Ok(None);
+        }
+        let axis = &self.axes[self.dim_index(dim as i128)?];
+        Slice::from_modes(i - axis.offset_part(i), &key, self.world.size).map(Some)
+    }
+
     /// The local mesh a DeviceMesh of this layout holds on `rank` (row-major, `shape()`).
     /// O(mesh size).
     pub fn mesh_of(&self, rank: i128) -> Result<Vec<i32>> {
@@ -1239,6 +1193,38 @@ impl Layout {
         out
     }
 
+    /// Whether the two layouts split the job into the same groups (each copy of the mesh one
+    /// group, as a set of ranks, whatever the order inside it): O(modes) when they are over the
+    /// same world and their modes, sorted by stride, agree; otherwise O(world), comparing each
+    /// rank's smallest group-mate.
+    pub fn same_groups(&self, other: &Layout) -> bool {
+        if self.global_size() != other.global_size() || self.world.size != other.world.size {
+            return false;
+        }
+        let key = |l: &Layout| {
+            let mut modes = l.all_modes();
+            modes.sort_by_key(|m| std::cmp::Reverse(m.stride));
+            coalesce(&modes)
+        };
+        if self.world.same(&other.world) && key(self) == key(other) {
+            return true;
+        }
+        self.numel() == other.numel() && self.group_labels() == other.group_labels()
+    }
+
+    /// For every rank of the job, the smallest rank of its group (-1 outside the world).
+    fn group_labels(&self) -> Vec<i64> {
+        let mut labels = vec![-1i64; self.global_size() as usize];
+        let groups = self.groups();
+        for group in groups.chunks(self.numel().max(1) as usize) {
+            let least = group.iter().copied().min().unwrap_or(0) as i64;
+            for &r in group {
+                labels[r as usize] = least;
+            }
+        }
+        labels
+    }
+
     /// A stable 64-bit fingerprint of (world size, rank map, dims with their modes, names):
     /// equal on every rank, every run and every platform.
     pub fn fingerprint(&self) -> u64 {
@@ -1259,7 +1245,7 @@ impl Layout {
     }
 }
 
-fn describe_modes(modes: &[Mode]) -> String {
+pub(crate) fn describe_modes(modes: &[Mode]) -> String {
     let s: Vec<String> = modes.iter().map(|m| m.size.to_string()).collect();
     let d: Vec<String> = modes.iter().map(|m| m.stride.to_string()).collect();
     format!("({}):({})", s.join(","), d.join(","))

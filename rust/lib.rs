@@ -8,9 +8,11 @@
 pub mod error;
 pub mod hashes;
 pub mod layout;
+pub mod slice;
 
 pub use error::{LayoutError, Result, Value, MAX_WORLD_SIZE};
 pub use layout::{Axis, Layout, Mode, World};
+pub use slice::Slice;
 
 #[cfg(feature = "python")]
 mod python;

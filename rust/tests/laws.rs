@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use rankmesh::{Layout, LayoutError, Mode};
+use rankmesh::{Layout, LayoutError, Mode, Slice};
 
 const MAX_WORLD: u64 = 2048;
 
@@ -335,6 +335,15 @@ proptest! {
                         // groups are symmetric: every member sees the same group
                         prop_assert_eq!(&l.group(x as i128, d).unwrap(), &group);
                     }
+                    // in a world in rank order, the group as a set is one Slice, read in O(modes)
+                    match l.group_slice(r, d).unwrap() {
+                        Some(set) => {
+                            let mut sorted: Vec<u64> = group.iter().map(|&x| x as u64).collect();
+                            sorted.sort_unstable();
+                            prop_assert_eq!(set.ranks(), sorted);
+                        }
+                        None => prop_assert!(!l.world_arc().is_identity()),
+                    }
                     // the 1-D slice of that dim has the group as its local mesh
                     let one = l.slice(&[l.names()[d].as_str()]).unwrap();
                     prop_assert_eq!(&one.mesh_of(r).unwrap(), &group);
@@ -544,4 +553,88 @@ fn renumbered_worlds_refuse_what_cannot_be_reformed() {
         Layout::renumbered(8, 8, &[], &[]).unwrap(),
         Layout::world(8, None).unwrap()
     );
+}
+
+// -- Slice: one set of ranks as offset + (size, stride) modes ---------------------------------
+
+/// A random slice of at most 64 ranks: up to 3 modes that nest (each stride at least the span of
+/// the modes inside it, sometimes with a gap), in a random lexicographic order, at a random offset.
+fn random_slice(seed: u64) -> Slice {
+    let mut rng = Rng(seed);
+    let n = rng.below(4) as usize;
+    let mut modes: Vec<(i128, i128)> = Vec::new();
+    let mut span = 1i128;
+    for _ in 0..n {
+        let size = 1 + rng.below(4) as i128;
+        let stride = span * (1 + rng.below(3) as i128)
+            + rng.below(2) as i128 * rng.below(span as u64 + 1) as i128;
+        let stride = stride.max(span);
+        modes.push((size, stride));
+        span += (size - 1) * stride;
+    }
+    for i in (1..modes.len()).rev() {
+        modes.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    Slice::new(rng.below(40) as i128, &modes).expect("nested modes make a slice")
+}
+
+fn rank_set(s: &Slice) -> std::collections::BTreeSet<u64> {
+    s.ranks().into_iter().collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The ranks are distinct, `index_of` inverts `rank_at`, and `recognise` reads the slice back
+    /// from its ranks in index order.
+    #[test]
+    fn slices_are_read_back_from_their_ranks(seed in any::<u64>()) {
+        let s = random_slice(seed);
+        let ranks = s.ranks();
+        prop_assert_eq!(rank_set(&s).len() as u64, s.len());
+        for (i, &r) in ranks.iter().enumerate() {
+            prop_assert_eq!(s.index_of(r), Some(i as u64));
+        }
+        for r in 0..=s.last() + 2 {
+            prop_assert_eq!(s.contains(r), ranks.contains(&r));
+        }
+        let as_i64: Vec<i64> = ranks.iter().map(|&r| r as i64).collect();
+        prop_assert_eq!(Slice::recognise(&as_i64), Some(s.clone()));
+    }
+
+    /// The first shared rank is the least rank of the intersection; `subset_by_modes`, where it
+    /// decides, is set inclusion.
+    #[test]
+    fn two_slices_meet_as_their_rank_sets(a in any::<u64>(), b in any::<u64>()) {
+        let (x, y) = (random_slice(a), random_slice(b));
+        let (sx, sy) = (rank_set(&x), rank_set(&y));
+        prop_assert_eq!(x.first_shared_rank(&y), sx.intersection(&sy).next().copied());
+        prop_assert_eq!(x.intersects(&y), !sx.is_disjoint(&sy));
+        let (x0, y0) = (Slice::new(0, &modes_of(&x)).unwrap(), Slice::new(0, &modes_of(&y)).unwrap());
+        if let Some(verdict) = x0.subset_by_modes(&y0) {
+            prop_assert_eq!(verdict, rank_set(&x0).is_subset(&rank_set(&y0)));
+        }
+    }
+
+    /// A permutation of a slice's ranks other than its own order is recognised only as a slice
+    /// with the same ranks, at the same positions.
+    #[test]
+    fn recognised_orders_hold_the_same_ranks(seed in any::<u64>()) {
+        let s = random_slice(seed);
+        let mut ranks: Vec<i64> = s.ranks().into_iter().map(|r| r as i64).collect();
+        let mut rng = Rng(seed ^ 0x5eed);
+        for i in (1..ranks.len()).rev() {
+            ranks.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        if let Some(t) = Slice::recognise(&ranks) {
+            prop_assert_eq!(t.ranks().into_iter().map(|r| r as i64).collect::<Vec<_>>(), ranks);
+        }
+    }
+}
+
+fn modes_of(s: &Slice) -> Vec<(i128, i128)> {
+    s.modes()
+        .iter()
+        .map(|m| (m.size as i128, m.stride as i128))
+        .collect()
 }
