@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 from rankmesh.plan import format_group
 
+if TYPE_CHECKING:
+    from rankmesh import ParallelDims
 
-def main(argv: list[str] | None = None) -> int:
+
+def _parser() -> argparse.ArgumentParser:
+    """The demo's command line: the world, the rank, the degrees, and the parts to skip."""
     p = argparse.ArgumentParser(
         prog="python -m rankmesh.bench.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -37,11 +42,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dp-shard", type=int, default=-1)
     p.add_argument("--no-stock", action="store_true", help="skip the stock-torch comparison")
     p.add_argument("--no-model", action="store_true", help="skip the time to a parallelised model (part 2)")
-    args = p.parse_args(argv)
+    return p
+
+
+def _print_build(pd: ParallelDims, ours: dict, requests: list, pgs: int, seconds: float) -> None:
+    """Prints what rankmesh built: the resolved degrees, this rank's 1-D meshes and their groups,
+    the global meshes, the process groups created and the time taken."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    print(
+        f"\nresolved degrees: dp_replicate={pd.dp_replicate} dp_shard={pd.dp_shard} cp={pd.cp} tp={pd.tp} "
+        f"pp={pd.pp} ep={pd.ep} etp={pd.etp}"
+    )
+    print("\n1-D meshes of this rank (name: size -> ranks of its group):")
+    for name, mesh in pd._meshes.items():
+        ranks = mesh.mesh.flatten().tolist()
+        state = "" if mesh.size() > 1 or name == "efsdp" and pd.ep > 1 else "  (disabled: fake backend)"
+        print(f"  {name:13s} {mesh.size():>7,}  {format_group(ranks)}{state}")
+    shapes = ", ".join(f"{k}{tuple(m.mesh_dim_names)}={tuple(m.shape)}" for k, m in pd._global_meshes.items())
+    print(f"\nglobal meshes: {shapes}")
+    report = pd.build_report
+    print(f"process groups created by rankmesh on this rank: {pgs} ({report})")
+    real = all(isinstance(m, DeviceMesh) for m in ours.values() if m is not None)
+    print(f"meshes are real torch DeviceMesh objects: {real}")
+    print(
+        f"rankmesh: build_mesh() + fetching {len(requests)} meshes/combinations: {seconds * 1e3:,.1f} ms "
+        "(first call in this process)"
+    )
+
+
+def _mismatches(ours: dict, theirs: dict) -> list:
+    """The requests whose mesh differs between the two builds (one of them absent, or another
+    rank grid, coordinate or group's ranks on some dim); empty when they all agree."""
+    import torch.distributed as dist
+
+    mismatches = []
+    for key, a in ours.items():
+        b = theirs[key]
+        if (a is None) != (b is None):
+            mismatches.append(key)
+            continue
+        if a is None:
+            continue
+        same = a.mesh.tolist() == b.mesh.tolist() and a.get_coordinate() == b.get_coordinate()
+        for d in range(a.ndim):
+            same &= dist.get_process_group_ranks(a.get_group(d)) == dist.get_process_group_ranks(b.get_group(d))
+        if not same:
+            mismatches.append(key)
+    return mismatches
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
 
     from rankmesh import ParallelDims
     from rankmesh._fast_groups import init_fake_world, registered_groups
@@ -69,26 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = {tuple(r): pd.get_optional_mesh(r) for r in requests}
     t_ours = time.perf_counter() - t0
     pgs_ours = registered_groups() - pgs0
-
-    print(
-        f"\nresolved degrees: dp_replicate={pd.dp_replicate} dp_shard={pd.dp_shard} cp={pd.cp} tp={pd.tp} "
-        f"pp={pd.pp} ep={pd.ep} etp={pd.etp}"
-    )
-    print("\n1-D meshes of this rank (name: size -> ranks of its group):")
-    for name, mesh in pd._meshes.items():
-        ranks = mesh.mesh.flatten().tolist()
-        state = "" if mesh.size() > 1 or name == "efsdp" and pd.ep > 1 else "  (disabled: fake backend)"
-        print(f"  {name:13s} {mesh.size():>7,}  {format_group(ranks)}{state}")
-    shapes = ", ".join(f"{k}{tuple(m.mesh_dim_names)}={tuple(m.shape)}" for k, m in pd._global_meshes.items())
-    print(f"\nglobal meshes: {shapes}")
-    report = pd.build_report
-    print(f"process groups created by rankmesh on this rank: {pgs_ours} ({report})")
-    real = all(isinstance(m, DeviceMesh) for m in ours.values() if m is not None)
-    print(f"meshes are real torch DeviceMesh objects: {real}")
-    print(
-        f"rankmesh: build_mesh() + fetching {len(requests)} meshes/combinations: {t_ours * 1e3:,.1f} ms "
-        "(first call in this process)"
-    )
+    _print_build(pd, ours, requests, pgs_ours, t_ours)
 
     if args.no_stock:
         dist.destroy_process_group()
@@ -101,19 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     t_stock = time.perf_counter() - t0
     pgs_stock = registered_groups() - pgs1
 
-    mismatches = []
-    for key, a in ours.items():
-        b = theirs[key]
-        if (a is None) != (b is None):
-            mismatches.append(key)
-            continue
-        if a is None:
-            continue
-        same = a.mesh.tolist() == b.mesh.tolist() and a.get_coordinate() == b.get_coordinate()
-        for d in range(a.ndim):
-            same &= dist.get_process_group_ranks(a.get_group(d)) == dist.get_process_group_ranks(b.get_group(d))
-        if not same:
-            mismatches.append(key)
+    mismatches = _mismatches(ours, theirs)
     print(f"stock torch: {t_stock:,.2f} s, {pgs_stock} process groups on this rank")
     verdict = "yes" if not mismatches else f"NO: {mismatches}"
     print(f"identical meshes, coordinates and group ranks for all {len(requests)} requests: {verdict}")
