@@ -17,6 +17,7 @@ use pyo3::PyTypeInfo;
 
 use crate::error::{LayoutError, Value};
 use crate::layout::{check_world_size, Layout, World};
+use crate::slice::Slice;
 
 /// The classes of `rankmesh.errors` the glue raises, imported once each.
 mod errors {
@@ -546,6 +547,17 @@ impl PyMeshLayout {
         guarded(py, || Layout::placed(size, off, &modes)).map(Self::wrap)
     }
 
+    /// Whether `other` splits the job into the same groups as this layout (each copy of the mesh
+    /// one group, as a set of ranks): O(modes) when the modes decide it, else O(world).
+    fn same_groups(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let Ok(other) = other.cast::<PyMeshLayout>() else {
+            let message = format!("other must be a MeshLayout, got {}", describe(other));
+            return Err(type_error(py, message, "other", other));
+        };
+        let other = &other.get().inner;
+        Ok(py.detach(|| self.inner.same_groups(other)))
+    }
+
     /// Ranks in the job: `world_size` unless the world is placed in a larger job.
     #[getter]
     fn global_size(&self) -> u64 {
@@ -557,8 +569,8 @@ impl PyMeshLayout {
     fn placement(&self) -> Option<(u64, Vec<(u64, u64)>)> {
         self.inner.world_arc().placement().map(|p| {
             (
-                p.offset,
-                p.modes.iter().map(|m| (m.size, m.stride)).collect(),
+                p.offset(),
+                p.modes().iter().map(|m| (m.size, m.stride)).collect(),
             )
         })
     }
@@ -685,6 +697,20 @@ impl PyMeshLayout {
         let inner = &self.inner;
         let key = guarded(py, || inner.partition_key(d))?;
         Ok(key.iter().map(|m| (m.size, m.stride)).collect())
+    }
+
+    /// `rank`'s group along `dim` as a `Slice` (its ranks as a set, increasing), in O(modes); None
+    /// when the world is not in rank order (read `group` then).
+    fn group_slice(
+        &self,
+        py: Python<'_>,
+        rank: &Bound<'_, PyAny>,
+        dim: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<PySlice>> {
+        let r = int_arg(py, rank, "rank")?;
+        let d = self.dim_arg(py, dim)?;
+        let inner = &self.inner;
+        Ok(guarded(py, || inner.group_slice(r, d))?.map(|inner| PySlice { inner }))
     }
 
     /// Whether index `i` is rank `i` of the job for every index (no rank map, no placement): O(1).
@@ -857,14 +883,14 @@ impl PyMeshLayout {
         }
         if let Some(p) = this.inner.world_arc().placement() {
             // over part of the job: the placement travels instead of the W-long rank map
-            let modes: Vec<(u64, u64)> = p.modes.iter().map(|m| (m.size, m.stride)).collect();
+            let modes: Vec<(u64, u64)> = p.modes().iter().map(|m| (m.size, m.stride)).collect();
             let parts = (
                 this.inner.world_size(),
                 py.None(),
                 axes,
                 names.to_vec(),
                 root.to_vec(),
-                (p.global, p.offset, modes),
+                (p.global, p.offset(), modes),
             );
             return Ok((restore, parts.into_pyobject(py)?));
         }
@@ -999,6 +1025,193 @@ fn hashed_group_name(
     Ok(py.detach(|| crate::hashes::group_name_hash(ranks, salt)))
 }
 
+/// A set of distinct ranks as one value: `offset + sum(digit_k(i) * stride_k)` over `(size,
+/// stride)` modes (see `rankmesh.Slice`'s docs), validated once; every query a method.
+#[pyclass(module = "rankmesh", name = "Slice", frozen, eq, hash)]
+#[derive(PartialEq, Eq, Hash)]
+pub struct PySlice {
+    inner: Slice,
+}
+
+/// `other` as a Slice, or `ArgumentTypeError` naming `other`.
+fn slice_arg<'a, 'py>(py: Python<'py>, other: &'a Bound<'py, PyAny>) -> PyResult<&'a Slice> {
+    match other.cast::<PySlice>() {
+        Ok(s) => Ok(&s.get().inner),
+        Err(_) => {
+            let message = format!("other must be a rankmesh.Slice, got {}", describe(other));
+            Err(type_error(py, message, "other", other))
+        }
+    }
+}
+
+/// A rank argument as a `u64`, or None for one no slice holds (negative or past int32).
+fn rank_u64(py: Python<'_>, rank: &Bound<'_, PyAny>, field: &str) -> PyResult<Option<u64>> {
+    let r = int_arg(py, rank, field)?;
+    Ok((0..=crate::error::MAX_WORLD_SIZE as i128)
+        .contains(&r)
+        .then_some(r as u64))
+}
+
+#[pymethods]
+impl PySlice {
+    /// The ranks `offset + sum(digit_k * stride_k)` for `modes` `[(size, stride), ...]`
+    /// (outermost first).
+    #[new]
+    #[pyo3(signature = (offset, modes = None))]
+    fn new(
+        py: Python<'_>,
+        offset: &Bound<'_, PyAny>,
+        modes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let off = int_arg(py, offset, "offset")?;
+        let modes = match modes {
+            None => Vec::new(),
+            Some(m) => {
+                let list = PyList::new(py, [m])?;
+                axes_arg(py, list.as_any())?.pop().unwrap_or_default()
+            }
+        };
+        guarded(py, || Slice::new(off, &modes)).map(|inner| PySlice { inner })
+    }
+
+    /// The ranks of a Python `range` with a positive step and at least one rank.
+    #[staticmethod]
+    fn of_range(py: Python<'_>, ranks: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let Ok(r) = ranks.cast::<pyo3::types::PyRange>() else {
+            let message = format!("ranks must be a range, got {}", describe(ranks));
+            return Err(type_error(py, message, "ranks", ranks));
+        };
+        use pyo3::types::PyRangeMethods;
+        let (start, step, len) = (r.start()? as i128, r.step()? as i128, ranks.len()? as i128);
+        if len < 1 || (step < 1 && len > 1) {
+            let message = format!(
+                "ranks must be a non-empty range with a positive step, got {}",
+                describe(ranks)
+            );
+            return Err(new_error::<InvalidLayoutError>(py, message, "ranks", ranks));
+        }
+        guarded(py, || Slice::range(start, len, step)).map(|inner| PySlice { inner })
+    }
+
+    /// The slice that `ranks` (1-D, int64) are in their order, or None when they are no such set
+    /// (a general subset, a repeated rank, a negative rank). O(len), in the core.
+    #[staticmethod]
+    fn recognise(py: Python<'_>, ranks: PyReadonlyArray1<'_, i64>) -> PyResult<Option<Self>> {
+        let ranks = ranks.as_slice()?;
+        Ok(py
+            .detach(|| Slice::recognise(ranks))
+            .map(|inner| PySlice { inner }))
+    }
+
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.inner.offset()
+    }
+
+    /// `[(size, stride), ...]`, outermost first, coalesced (none for one rank).
+    #[getter]
+    fn modes(&self) -> Vec<(u64, u64)> {
+        self.inner
+            .modes()
+            .iter()
+            .map(|m| (m.size, m.stride))
+            .collect()
+    }
+
+    /// The largest rank.
+    #[getter]
+    fn last(&self) -> u64 {
+        self.inner.last()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    fn __contains__(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<bool> {
+        Ok(rank_u64(py, rank, "rank")?.is_some_and(|r| self.inner.contains(r)))
+    }
+
+    /// The rank at `index` (`select`); `IndexError` outside `0..len`.
+    fn rank_at(&self, py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let i = int_arg(py, index, "index")?;
+        if i < 0 || i >= self.inner.len() as i128 {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "index = {i} is out of range for a slice of {} ranks",
+                self.inner.len()
+            )));
+        }
+        Ok(self.inner.rank_at(i as u64))
+    }
+
+    /// The index of `rank`, or None when it is not one of the ranks. O(modes).
+    fn index_of(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        Ok(rank_u64(py, rank, "rank")?.and_then(|r| self.inner.index_of(r)))
+    }
+
+    /// `rank`'s digit in each mode (outermost first), or None when it is not one of the ranks.
+    fn coordinates(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u64>>> {
+        Ok(rank_u64(py, rank, "rank")?.and_then(|r| self.inner.coordinates(r)))
+    }
+
+    /// `range(start, stop, step)` when the ranks are one, else None.
+    fn as_range<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.inner.as_range() {
+            None => Ok(None),
+            Some((start, len, step)) => {
+                let r = pyo3::types::PyRange::new_with_step(
+                    py,
+                    start as isize,
+                    (start + len * step) as isize,
+                    step as isize,
+                )?;
+                Ok(Some(r.into_any()))
+            }
+        }
+    }
+
+    /// Every rank, in index order (int32 numpy array, O(len)).
+    fn ranks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ranks = py.detach(|| {
+            self.inner
+                .ranks()
+                .into_iter()
+                .map(|r| r as i32)
+                .collect::<Vec<_>>()
+        });
+        PyArray1::from_vec(py, ranks)
+    }
+
+    /// The least rank in both slices, or None: O(log stride) for two ranges, else the smaller
+    /// slice walked in increasing order.
+    fn first_shared_rank(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let other = slice_arg(py, other)?;
+        Ok(py.detach(|| self.inner.first_shared_rank(other)))
+    }
+
+    /// Whether the slices share a rank.
+    fn intersects(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let other = slice_arg(py, other)?;
+        Ok(py.detach(|| self.inner.intersects(other)))
+    }
+
+    /// Whether every rank of this slice is one of `other`'s, from the modes alone (O(modes));
+    /// None when they do not decide it (an offset, or cut points that are no divisibility chain).
+    fn subset_by_modes(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+        Ok(self.inner.subset_by_modes(slice_arg(py, other)?))
+    }
+
+    fn __repr__(&self) -> String {
+        let modes: Vec<String> = self
+            .inner
+            .modes()
+            .iter()
+            .map(|m| format!("({}, {})", m.size, m.stride))
+            .collect();
+        format!("Slice({}, [{}])", self.inner.offset(), modes.join(", "))
+    }
+}
+
 /// Test hook: panics inside the guard, to prove a panic reaches Python as InternalError.
 #[pyfunction]
 fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
@@ -1010,6 +1223,7 @@ fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMeshLayout>()?;
+    m.add_class::<PySlice>()?;
     m.add_function(wrap_pyfunction!(_restore, m)?)?;
     m.add_function(wrap_pyfunction!(hashed_group_name, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;

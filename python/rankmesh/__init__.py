@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rankmesh._lazy import lazy_getattr
-from rankmesh._native import MAX_WORLD_SIZE, MeshLayout
+from rankmesh._native import MAX_WORLD_SIZE, MeshLayout, Slice
 from rankmesh.errors import (
     ArgumentTypeError,
     ConfigMismatchError,
@@ -82,6 +82,7 @@ __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 __all__ = [
     "MAX_WORLD_SIZE",
     "MeshLayout",
+    "Slice",
     # torch layer and conventions
     "accelerate",
     "init_device_mesh",

@@ -242,6 +242,26 @@ a flattened dim needs a name the root does not use, e.g. "world_flat"
         first: two dims of one world with equal keys have the same groups as sets of ranks
         (e.g. one process group can serve both)."""
 
+    def group_slice(self, rank: _Int, dim: _Dim) -> Slice | None:
+        """``rank``'s group along ``dim`` as a set: a :class:`Slice` from its smallest rank over
+        the dim's partition modes (its ranks increasing), in O(modes); None when the world is not
+        in rank order (a rank map, a placement, a re-form: read :meth:`group`).
+
+        >>> MeshLayout.world(8).unflatten("world", (2, 4), ("dp", "tp")).group_slice(6, "dp")
+        Slice(2, [(2, 4)])
+        """
+
+    def same_groups(self, other: MeshLayout) -> bool:
+        """Whether ``other`` splits the job into the same groups as this layout (each copy of
+        the mesh one group, as a set of ranks): O(modes) when their modes decide it, else
+        O(world), by each rank's smallest group-mate.
+
+        >>> m = MeshLayout.world(8).unflatten("world", (2, 2, 2), ("a", "b", "c"))
+        >>> n = MeshLayout.world(8).unflatten("world", (2, 4), ("x", "y"))
+        >>> m["a"].same_groups(n["x"]), m["a"].same_groups(m["c"])   # {0, 4}, {1, 5}, ...
+        (True, False)
+        """
+
     def rank_map(self) -> npt.NDArray[np.int32] | None:
         """The rank map as a new int32 array, or ``None`` for the identity; for a :meth:`placed`
         world its ranks in index order (made on request, O(its size))."""
@@ -286,6 +306,84 @@ a flattened dim needs a name the root does not use, e.g. "world_flat"
     def __len__(self) -> int: ...
     def __repr__(self) -> str: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+@final
+class Slice:
+    """A set of distinct ranks as one value, in the spirit of Monarch's ``ndslice::Slice``: index
+    ``i`` is rank ``offset + sum(digit_k(i) * stride_k)`` over ``(size, stride)`` modes (outermost
+    first, the digits being ``i`` in mixed radix of the sizes). Validated once (positive sizes and
+    strides, modes that do not overlap, ranks within int32); every query is a method, O(modes)
+    where the modes decide it. Slices compare and hash by their coalesced modes.
+
+    It is rankmesh's one face of placement arithmetic: the groups rankmesh made from a layout
+    (:func:`rankmesh.process_groups.group_slice`), the ranks a mesh over part of the job is placed
+    at, the overlap check of ``rankmesh plan --mesh``, spmd_types' layout inclusion.
+
+    >>> import numpy as np
+    >>> s = Slice.recognise(np.array([1, 3, 9, 11]))
+    >>> s, len(s), s.rank_at(2), s.index_of(11), s.coordinates(9), 5 in s
+    (Slice(1, [(2, 8), (2, 2)]), 4, 9, 3, [1, 0], False)
+    >>> s.first_shared_rank(Slice.of_range(range(2, 14, 3)))   # 2, 5, 8, 11
+    11
+    """
+
+    def __init__(self, offset: _Int, modes: Sequence[tuple[_Int, _Int]] | None = None) -> None:
+        """``offset + modes``; overlapping modes raise ``InvalidLayoutError``, a size or stride
+        below 1 too, ranks past int32 ``RankOutOfRangeError``."""
+
+    @staticmethod
+    def of_range(ranks: range) -> Slice:
+        """The ranks of a non-empty ``range`` with a positive step (any step for one rank)."""
+
+    @staticmethod
+    def recognise(ranks: npt.NDArray[np.int64]) -> Slice | None:
+        """The slice that ``ranks`` (a 1-D int64 array) are, in their order, or None when they
+        are no such set (a general subset, a repeated or negative rank). O(len), in the core."""
+
+    @property
+    def offset(self) -> int:
+        """The first (and smallest) rank."""
+
+    @property
+    def modes(self) -> list[tuple[int, int]]:
+        """``(size, stride)`` modes, outermost first, coalesced; none for one rank."""
+
+    @property
+    def last(self) -> int:
+        """The largest rank."""
+
+    def rank_at(self, index: _Int) -> int:
+        """The rank at ``index`` (``select``); ``IndexError`` outside ``range(len(self))``."""
+
+    def index_of(self, rank: _Int) -> int | None:
+        """The index of ``rank``, or None when it is not one of the ranks. O(modes)."""
+
+    def coordinates(self, rank: _Int) -> list[int] | None:
+        """``rank``'s digit in each mode (outermost first), or None when it is not one of them."""
+
+    def as_range(self) -> range | None:
+        """The ranks as a ``range`` when they are one (at most one mode), else None."""
+
+    def ranks(self) -> npt.NDArray[np.int32]:
+        """Every rank in index order (O(len))."""
+
+    def first_shared_rank(self, other: Slice) -> int | None:
+        """The least rank in both, or None: O(log stride) for two ranges (the Chinese remainder
+        theorem), otherwise the smaller slice walked in increasing order."""
+
+    def intersects(self, other: Slice) -> bool:
+        """Whether the two share a rank."""
+
+    def subset_by_modes(self, other: Slice) -> bool | None:
+        """Whether every rank of this slice is one of ``other``'s, from the modes alone (O(modes));
+        None when they do not decide it (an offset, or cut points that are no divisibility chain:
+        then only the rank sets can)."""
+
+    def __contains__(self, rank: object) -> bool: ...
+    def __len__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __repr__(self) -> str: ...
 
 def _restore(*state: Any) -> MeshLayout:
     """Rebuilds a pickled MeshLayout from its parts ``(world_size, rank_map, axes, names)``, and
