@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from rankmesh._native import MAX_WORLD_SIZE
+from rankmesh._native import MAX_WORLD_SIZE, Slice
 from rankmesh.cli import _flag_message, _parser, _typed
 from rankmesh.errors import (
     DuplicateNameError,
@@ -26,7 +26,6 @@ from rankmesh.errors import (
     SizeMismatchError,
     UnknownNameError,
 )
-from rankmesh.job_plan import _first_shared_rank
 from rankmesh.plan import (
     build_job_plan,
     count_mesh_groups,
@@ -177,7 +176,9 @@ def test_first_shared_rank_is_the_least_rank_in_both():
     for r1 in ranges:
         for r2 in ranges[::7]:
             both = set(r1) & set(r2)
-            assert _first_shared_rank(r1, r2) == (min(both) if both else None), (r1, r2)
+            shared = Slice.of_range(r1).first_shared_rank(Slice.of_range(r2))
+            assert shared == (min(both) if both else None), (r1, r2)
+            assert Slice.of_range(r1).intersects(Slice.of_range(r2)) == bool(both)
 
 
 def test_nothing_world_sized_at_the_largest_world():

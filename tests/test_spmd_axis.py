@@ -64,12 +64,22 @@ def ranks(modes) -> set[int]:
 
 def a_chain(*layouts) -> bool:
     """Whether the modes decide it, worked out from the rank sets: every layout is one-to-one on its
-    modes that move (size > 1, stride > 0), and all their cut points (``stride``, ``size * stride``)
-    divide one another in order."""
+    modes that move (size > 1, stride > 0), and all their cut points divide one another in order:
+    where each run of free digits starts and ends (``stride``, ``size * stride`` of the moving
+    modes sorted by stride, a run that ends where the next starts merged with it)."""
     moving = [[(s, d) for s, d in modes if s > 1 and d > 0] for modes in layouts]
     if any(len(ranks(m)) != math.prod(s for s, _ in m) for m in moving):
         return False
-    cuts = sorted({1, *(c for m in moving for s, d in m for c in (d, s * d))})
+    cuts = {1}
+    for m in moving:
+        runs: list[list[int]] = []
+        for d, end in sorted((d, s * d) for s, d in m):
+            if runs and runs[-1][1] == d:
+                runs[-1][1] = end
+            else:
+                runs.append([d, end])
+        cuts.update(c for run in runs for c in run)
+    cuts = sorted(cuts)
     return all(b % a == 0 for a, b in zip(cuts, cuts[1:]))
 
 
@@ -97,6 +107,8 @@ def test_contains_on_hand_picked_modes():
     assert c([(3, 0), (2, 4)], [(2, 4)]) is True  # stride 0 adds nothing
     assert c([(2, 1), (2, 2)], [(2, 2), (2, 1)]) is True  # not coalesced: still {0..3}
     assert c([(2, 3)], [(4, 1)]) is None  # 3 and 4: no chain
+    assert c([(2, 1), (3, 2)], [(3, 1)]) is False  # {0..5}: one run of digits 1..6, so cuts 1 | 3 | 6
+    assert c([(3, 1)], [(2, 1), (3, 2)]) is True
     assert c([(2, 2)], [(4, 1), (2, 2)]) is None  # the big layout overlaps itself: {0..5}
     assert c([(2, -1)], [(4, 1)]) is None
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from rankmesh._check import as_sequence, check_str, positive_int
 from rankmesh._groups import DEFAULT, group_key, is_fake
-from rankmesh._native import MeshLayout
+from rankmesh._native import MeshLayout, Slice
 from rankmesh._plan_parts import WHOLE_WORLD_LIMIT, GroupCount, format_group
 from rankmesh.errors import (
     DuplicateNameError,
@@ -203,25 +203,11 @@ def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]]) -> 
         product = f"{'*'.join(name for name, _ in given)} = {'*'.join(str(size) for _, size in given)} = {known}"
     what = "does not divide" if rest else "is not"
     fill = rest[0] if rest else dims[-1][0] if len(dims) == 1 else dims[0][0]
-    fit = _spec(label, range(ranks.start, ranks.start + known * ranks.step, ranks.step), dims)
+    fit = _spec(label, ranks[:known], dims)  # the first known ranks, same step
     raise _mesh_error(
         SizeMismatchError, spec, f"{product} {what} its {n} ranks ({ranks[0]}..{ranks[-1]})",
         f"make the sizes multiply to {n} ({fill}=-1 takes the rest), or give it {known} ranks: {{mesh={fit}}}",
     )
-
-
-def _first_shared_rank(a: range, b: range) -> int | None:
-    """The least rank in both ranges (steps >= 1), by the Chinese remainder theorem: O(log step)."""
-    lo, hi = max(a[0], b[0]), min(a[-1], b[-1])
-    g = math.gcd(a.step, b.step)
-    if lo > hi or (b.start - a.start) % g:
-        return None
-    m = b.step // g  # x = a.start + a.step * t with a.step * t = b.start - a.start (mod b.step)
-    t = (b.start - a.start) // g * pow(a.step // g, -1, m) % m
-    x, period = a.start + a.step * t, a.step // g * b.step  # x < a.start + period <= lo + period
-    if x < lo:
-        x += -(-(lo - x) // period) * period
-    return x if x <= hi else None
 
 
 def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
@@ -262,7 +248,7 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
             raise _mesh_error(DuplicateNameError, spec, f"a second mesh named {label!r}",
                               f"name each mesh once, e.g. {{mesh={label}2{spec[len(label):]}}}")
         for other in out.values():
-            shared = _first_shared_rank(other.ranks, ranks)
+            shared = Slice.of_range(other.ranks).first_shared_rank(Slice.of_range(ranks))  # O(log step)
             if shared is None:
                 continue
             (a, ra), (b, rb) = sorted([(other.label, other.ranks), (label, ranks)], key=lambda m: m[1].start)

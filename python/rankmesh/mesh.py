@@ -64,7 +64,7 @@ from rankmesh._check import (
     positive_int,
     type_name,
 )
-from rankmesh._native import MeshLayout
+from rankmesh._native import MeshLayout, Slice
 from rankmesh._once import warn_once
 from rankmesh._patch import Patch
 from rankmesh._torch_compat import C10dOptions as _C10dOptions
@@ -77,7 +77,6 @@ from rankmesh.errors import (
     DistributedStateError,
     DuplicateNameError,
     InternalError,
-    InvalidLayoutError,
     InvalidRankMapError,
     MeshArgumentError,
     RankmeshError,
@@ -90,7 +89,7 @@ from rankmesh.process_groups import (
     BuildReport,
     MeshBuilder,
     check_backend_name,
-    group_layout,
+    group_slice,
     require_default_group,
 )
 
@@ -1222,12 +1221,12 @@ def from_group(
                 field=f"group[{i}]",
                 value=pg,
             )
-        known = group_layout(pg)
+        known = group_slice(pg)
         if pg is dist.group.WORLD:  # O(1): every rank in order
             ranks, where, place = None, rank, (0, [(world_size, 1)] if world_size > 1 else [])
         elif known is not None:  # a group rankmesh made from a layout: O(1), its ranks are not read
-            ranks, where, place = None, rank, (known[0], list(known[1]))
-            if not MeshLayout.placed(world_size, known[0], place[1]).is_member(rank):
+            ranks, where, place = None, rank, (known.offset, known.modes)
+            if rank not in known:
                 raise DistributedStateError(
                     f"group[{i}] does not hold this rank ({rank}); from_group takes the calling rank's own group "
                     "in every dim",
@@ -1376,10 +1375,9 @@ def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tu
             )
         as_rank(ranks[0], world_size, "ranks[0]")
         as_rank(ranks[-1], world_size, f"ranks[{numel - 1}]")
-        if numel == 1:
-            return ranks[0], []
-        if ranks.step > 0:
-            return ranks[0], [(numel, ranks.step)]
+        if ranks.step > 0 or numel == 1:
+            place = Slice.of_range(ranks)
+            return place.offset, place.modes
         ranks = list(ranks)  # descending: a valid list, read as one
     if isinstance(ranks, torch.Tensor):
         ranks = ranks.detach().cpu().numpy()
@@ -1391,7 +1389,7 @@ def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tu
         for i, r in enumerate(arr.reshape(-1).tolist()):
             as_int(r, f"ranks[{i}]")  # the first entry that is not an int
         arr = arr.astype(np.int64)
-    arr = arr.reshape(-1).astype(np.int64)
+    arr = np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
     if arr.size != numel:
         raise SizeMismatchError(
             f"ranks holds {arr.size} ranks but mesh_shape has {numel}; give one rank per mesh position",
@@ -1409,28 +1407,8 @@ def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tu
             field="ranks",
             value=twice,
         )
-    offset = int(arr[0])
-    cur = arr - offset
-    if cur.min() < 0:
-        return None  # the first rank of a layout is its smallest
-    modes: list[tuple[int, int]] = []
-    while cur.size > 1:
-        stride = int(cur[1])
-        expect = np.arange(cur.size, dtype=np.int64) * stride
-        off = np.nonzero(cur != expect)[0]
-        size = int(off[0]) if off.size else int(cur.size)
-        if cur.size % size:
-            return None
-        blocks = cur.reshape(-1, size)
-        if not np.array_equal(blocks - blocks[:, :1], np.broadcast_to(expect[:size], blocks.shape)):
-            return None
-        modes.insert(0, (size, stride))
-        cur = blocks[:, 0]
-    try:
-        MeshLayout.placed(world_size, offset, modes)
-    except InvalidLayoutError:  # pragma: no cover - distinct ranks in these modes never overlap
-        return None
-    return offset, modes
+    place = Slice.recognise(arr)  # the core reads the modes off the ranks, O(numel)
+    return None if place is None else (place.offset, place.modes)
 
 
 def _fake_dim_indices(layout: MeshLayout, fake_dims: Sequence[str | int]) -> set[int]:

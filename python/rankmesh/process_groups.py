@@ -61,7 +61,7 @@ from rankmesh._fast_groups import (
     split_non_member,
 )
 from rankmesh._groups import DEFAULT, FAKE, extend_key, group_key, is_fake, serves_default
-from rankmesh._native import MeshLayout
+from rankmesh._native import MeshLayout, Slice
 from rankmesh.errors import (
     ArgumentTypeError,
     DistributedStateError,
@@ -72,44 +72,42 @@ __all__ = [
     "BuildReport",
     "MeshBuilder",
     "check_backend_name",
-    "group_is_range",
-    "group_layout",
+    "group_is",
+    "group_slice",
     "require_default_group",
 ]
 
 _NOT_YET = object()  # MeshBuilder._existing: no group for this key yet
 
-# group name -> (the group, offset, modes): the sorted ranks of groups rankmesh created over a world
-# in rank order are ``offset + (size, stride) modes`` (outermost first), known without reading them.
-# A weak reference to the group itself is kept so that a name torch reuses after
+# group name -> (the group, its ranks as a Slice): the sorted ranks of groups rankmesh created over
+# a world in rank order are ``offset + (size, stride) modes`` (outermost first), known without
+# reading them. A weak reference to the group itself is kept so that a name torch reuses after
 # destroy_process_group is never taken for another group's, and a destroyed group is freed (a
 # live gloo group keeps its sockets and threads; an NCCL one its communicator).
-_LAYOUTS: dict[str, tuple[Any, int, tuple[tuple[int, int], ...]]] = {}
+_SLICES: dict[str, tuple[Any, Slice]] = {}
 
 
-def group_layout(pg: Any) -> tuple[int, tuple[tuple[int, int], ...]] | None:
-    """``(offset, modes)`` of a process group's sorted ranks when rankmesh created it from a layout
-    (its ranks are ``offset + sum(digit_k * stride_k)``, modes outermost first), in O(1); None for
-    any other group (read its ranks: ``dist.get_process_group_ranks``)."""
-    entry = _LAYOUTS.get(getattr(pg, "group_name", None) or "")
+def group_slice(pg: Any) -> Slice | None:
+    """A process group's sorted ranks as a :class:`~rankmesh.Slice` (``offset + sum(digit_k *
+    stride_k)``) when rankmesh created it from a layout, in O(1); None for any other group (read
+    its ranks: ``dist.get_process_group_ranks``)."""
+    entry = _SLICES.get(getattr(pg, "group_name", None) or "")
     if entry is None or entry[0]() is not pg:
         return None
-    return entry[1], entry[2]
+    return entry[1]
 
 
-def group_is_range(pg: Any, ranks: range) -> bool:
-    """Whether ``pg``'s ranks, in the group's order, are exactly ``ranks`` (a ``range`` with a
-    positive step): O(1) for a group rankmesh made from a layout and for the default group (every
-    rank in order, which rankmesh hands out for a dim that spans the job), O(group) otherwise."""
+def group_is(pg: Any, ranks: Slice) -> bool:
+    """Whether ``pg``'s ranks, in the group's order, are exactly ``ranks`` in increasing order
+    (e.g. ``layout.group_slice(rank, dim)``): O(1) for a group rankmesh made from a layout and for
+    the default group (every rank in order, which rankmesh hands out for a dim that spans the
+    job), O(group) otherwise."""
     if pg is dist.group.WORLD:
-        return ranks == range(pg.size())  # range equality: O(1)
-    known = group_layout(pg)
+        return ranks == Slice.of_range(range(pg.size()))
+    known = group_slice(pg)
     if known is not None:
-        offset, modes = known
-        n = len(ranks)
-        want = ((n, ranks.step),) if n > 1 else ()
-        return n > 0 and offset == ranks.start and tuple(modes) == want
-    return dist.get_process_group_ranks(pg) == list(ranks)
+        return known == ranks
+    return dist.get_process_group_ranks(pg) == ranks.ranks().tolist()
 
 
 @dataclass(frozen=True)
@@ -352,8 +350,7 @@ class MeshBuilder:
         pg = self._create(key, ranks, str(name), backend, pg_options, timeout, group_desc)
         assert pg is not None
         if self._in_rank_order and layout.placement is None and size > 1:
-            modes = tuple((int(a), int(b)) for a, b in layout.partition_key(dim))
-            _LAYOUTS[pg.group_name] = (weakref.ref(pg), int(ranks[0]), modes)
+            _SLICES[pg.group_name] = (weakref.ref(pg), layout.group_slice(self._rank, dim))
         return pg
 
     def subset_group(

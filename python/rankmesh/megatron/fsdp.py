@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rankmesh._native import MeshLayout, Slice
 from rankmesh._once import warn_once
 from rankmesh._patch import KnownCode, Patch
 
@@ -116,17 +117,24 @@ class _Plan:
     rank: int = 0
 
 
-def _is_range(group: Any, rank: int, ranks: range) -> bool:
-    """Whether ``group``'s ranks are exactly ``ranks`` (a missing tp group stands for the one-rank
-    group of this rank, created only once the plan holds): O(1) for a group rankmesh made from a
-    layout (``rankmesh.megatron.initialize_model_parallel``'s) and for the default group, which
-    rankmesh hands out for a dim that spans the job (the expert dp group with ep = etp = 1, dp_cp
-    with tp = cp = 1: the world's ranks in order, never read); O(group size) otherwise."""
-    from rankmesh.process_groups import group_is_range
+def _is_group(group: Any, rank: int, want: Slice) -> bool:
+    """Whether ``group``'s ranks are exactly ``want``'s, increasing (a missing tp group stands for
+    the one-rank group of this rank, created only once the plan holds): O(1) for a group rankmesh
+    made from a layout (``rankmesh.megatron.initialize_model_parallel``'s) and for the default
+    group, which rankmesh hands out for a dim that spans the job (the expert dp group with ep =
+    etp = 1, dp_cp with tp = cp = 1: the world's ranks in order, never read); O(group size)
+    otherwise."""
+    from rankmesh.process_groups import group_is
 
     if group is None:
-        return list(ranks) == [rank]
-    return group_is_range(group, ranks)
+        return len(want) == 1 and rank in want
+    return group_is(group, want)
+
+
+def _grid(world: int, sizes: tuple[int, int, int], names: tuple[str, str, str]) -> MeshLayout:
+    """``arange(world)`` as the mesh Megatron-FSDP's helper builds (last dim fastest): its groups
+    are read in O(modes) (``MeshLayout.group_slice``)."""
+    return MeshLayout.world(world).unflatten(0, sizes, names)
 
 
 def _check_dp_tp(dp_group: Any, tp_group: Any, ep: int, world: int, rank: int, what: str) -> str | None:
@@ -139,11 +147,13 @@ def _check_dp_tp(dp_group: Any, tp_group: Any, ep: int, world: int, rank: int, w
             f"the {what} mesh needs world size = dp_cp x ep x tp, but {world} != {dp} x {ep} x {tp} "
             "(Megatron-FSDP 0.16 needs groups that tile the world: pp = 1)"
         )
-    lo = rank - rank % tp
-    if not _is_range(tp_group, rank, range(lo, lo + tp)):
-        return f"the {what} tp group is not the contiguous block of ranks {lo}..{lo + tp - 1}"
-    if not _is_range(dp_group, rank, range(rank % (ep * tp), world, ep * tp)):
-        return f"the {what} dp_cp group is not ranks {rank % (ep * tp)}, +{ep * tp}, ... in increasing order"
+    grid = _grid(world, (dp, ep, tp), ("dp", "ep", "tp"))
+    want = grid.group_slice(rank, "tp")
+    if not _is_group(tp_group, rank, want):
+        return f"the {what} tp group is not the contiguous block of ranks {want.offset}..{want.last}"
+    want = grid.group_slice(rank, "dp")
+    if not _is_group(dp_group, rank, want):
+        return f"the {what} dp_cp group is not ranks {want.offset}, +{ep * tp}, ... in increasing order"
     return None
 
 
@@ -158,16 +168,15 @@ def _check_hsdp(p: _Plan) -> str | None:
             f"the HSDP mesh needs world size = outer x dp_cp x tp, but {world} != {outer} x {fsdp} x {tp} "
             "(Megatron-FSDP 0.16 needs groups that tile the world: pp = 1)"
         )
-    lo = rank - rank % tp
-    if not _is_range(p.tp_group, rank, range(lo, lo + tp)):
-        return f"the tp group is not the contiguous block of ranks {lo}..{lo + tp - 1}"
-    block = fsdp * tp
-    start = rank - rank % block + rank % tp
-    if not _is_range(p.dp_cp_group, rank, range(start, start + block, tp)):
+    grid = _grid(world, (outer, fsdp, tp), ("outer", "fsdp", "tp"))
+    want = grid.group_slice(rank, "tp")
+    if not _is_group(p.tp_group, rank, want):
+        return f"the tp group is not the contiguous block of ranks {want.offset}..{want.last}"
+    if not _is_group(p.dp_cp_group, rank, grid.group_slice(rank, "fsdp")):
         return "the intra-instance dp_cp group is not a contiguous, increasing block of the dp_cp group"
-    step = world // outer
-    if not _is_range(p.outer_fsdp_group, rank, range(rank % step, world, step)):
-        return f"the outer (inter-instance) group is not ranks {rank % step}, +{step}, ... in increasing order"
+    want = grid.group_slice(rank, "outer")
+    if not _is_group(p.outer_fsdp_group, rank, want):
+        return f"the outer (inter-instance) group is not ranks {want.offset}, +{fsdp * tp}, ... in increasing order"
     return None
 
 

@@ -180,6 +180,15 @@ class HyperCommGrid:
     def _group_layout(self, ordered: list[str]) -> MeshLayout:
         return self._layout[tuple(ordered)].flatten("_grid")
 
+    def _placed_layout(self, world: int, ordered: list[str]) -> MeshLayout:
+        """:meth:`_group_layout` over the job's ranks: the grid's ranks are ``rank_offset`` on,
+        one after another (``MeshLayout.placed``, O(ndim)), or the whole job."""
+        if self.rank_offset == 0 and self.size == world:
+            return self._group_layout(ordered)
+        grid = MeshLayout.placed(world, self.rank_offset, [(self.size, 1)])
+        grid = grid.unflatten(0, self.shape[::-1], self.dim_names[::-1])
+        return grid[tuple(ordered)].flatten("_grid")
+
     def get_rank_enum(self, dims: str | Sequence[str]) -> list[list[int]]:
         """Every group of ``dims``, as megatron-core enumerates them (O(grid size))."""
         ordered, _ = self._order_dims(dims)
@@ -239,14 +248,10 @@ class HyperCommGrid:
                     value=self.shape,
                 )
             self._builder = MeshBuilder(MeshLayout.world(world), size_one_fake=False)
-        lay = self._group_layout(ordered)
         kw = dict(backend=self.backend, pg_options=pg_options, timeout=timeout, group_desc=group_desc or f"grid_{key}")
-        if self.rank_offset == 0 and self.size == world:
-            pg = self._builder.process_group(lay, 0, **kw)
-        else:
-            members = self.my_ranks(dist.get_rank(), ordered)
-            partition = (self.rank_offset, tuple(map(tuple, lay.partition_key(0))))
-            pg = self._builder.subset_group(partition, members, name=key, **kw)
+        # The grid over its ranks of the job: all of them, or (an offset grid) a placed world, whose
+        # ranks outside the grid take the members' steps and get None.
+        pg = self._builder.process_group(self._placed_layout(world, ordered), 0, **kw)
         self._pgs[key] = pg
         return pg
 

@@ -129,25 +129,6 @@ def split_names(text: str, field: str) -> list[str]:
     return names
 
 
-# -- the pipeline groups of the dense and expert generators ---------------------------------------
-
-
-def _same_partition(a: MeshLayout, b: MeshLayout) -> bool:
-    if a.partition_key(0) == b.partition_key(0):
-        return True
-    if a.size() != b.size():
-        return False
-    return bool(np.array_equal(_group_labels(a), _group_labels(b)))
-
-
-def _group_labels(lay: MeshLayout) -> np.ndarray:
-    """For every rank, the smallest rank of its group: equal arrays <=> equal partitions. O(world)."""
-    g = lay.groups().reshape(-1, lay.size())
-    labels = np.empty(lay.world_size, dtype=np.int32)
-    labels[g] = g.min(axis=1, keepdims=True)
-    return labels
-
-
 def _pp_last_hint(fix: str | None, fallback: str) -> str:
     """The hint of an order that must end with pp: the order that works, or what else to change."""
     return f"put pp last, e.g. order={fix!r}" if fix is not None else f"no order works here; {fallback}"
@@ -402,10 +383,11 @@ class LayoutCheck(_OrderCheck):
         why = "the order does not end with pp and the dense"
         if self.dp != self.edp:
             reason = f"{why} ({self.dp}) and expert ({self.edp}) dp differ"
-        elif not _same_partition(*self._pipelines(MeshLayout.world(self.world_size), names, expert)):
-            reason = f"{why} and expert pipeline groups differ"
         else:
-            return None
+            dense, moe = self._pipelines(MeshLayout.world(self.world_size), names, expert)
+            if dense.same_groups(moe):  # the core: by modes, else each rank's least group-mate
+                return None
+            reason = f"{why} and expert pipeline groups differ"
 
         def error() -> RankmeshError:
             fix = self.works(_order_candidates(names))

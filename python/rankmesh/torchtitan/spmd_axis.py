@@ -30,7 +30,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rankmesh._dependencies import DEPENDENCIES
+from rankmesh._native import Slice
 from rankmesh._patch import KnownCode, Patch
+from rankmesh.errors import RankmeshError
 
 __all__ = ["COUNTS", "PATCH", "contains", "make_le"]
 
@@ -39,55 +41,45 @@ __all__ = ["COUNTS", "PATCH", "contains", "make_le"]
 COUNTS: dict[str, int] = {"modes": 0, "fallback": 0}
 
 
-def _free_ranges(modes: Iterable[tuple[int, int]]) -> list[tuple[int, int]] | None:
-    """The ``(stride, size * stride)`` digit ranges of one layout's modes, by stride; None when
-    the layout's rank set is not the product of those ranges (two ranges overlap or one does not
-    start at a multiple of where the one below ends) or a mode is not a plain positive one.
+def _slice(modes: Iterable[tuple[int, int]]) -> Slice | None:
+    """One spmd_types layout's rank set as a :class:`~rankmesh.Slice` from 0: modes of size 1 or
+    stride 0 add only offset 0 and are left out; None when a mode is not a plain non-negative
+    pair or the modes overlap (a rank set the core's slices do not hold).
 
-    >>> _free_ranges([(4, 8), (8, 1)])
-    [(1, 8), (8, 32)]
-    >>> _free_ranges([(2, 2), (4, 1)]) is None   # {0..3} + {0, 2} = {0..5}: ranges overlap
+    >>> _slice([(4, 8), (8, 1)])   # {0, 8, 16, 24} + {0..7} = {0..31}, coalesced
+    Slice(0, [(32, 1)])
+    >>> _slice([(2, 2), (4, 1)]) is None   # {0..3} + {0, 2} = {0..5}: modes overlap
     True
     """
-    ranges = []
-    for size, stride in modes:
+    kept = []
+    for mode in modes:
+        size, stride = mode
         if type(size) is not int or type(stride) is not int or size < 1 or stride < 0:
             return None
-        if size > 1 and stride > 0:  # size 1 or stride 0: the mode adds only offset 0
-            ranges.append((stride, size * stride))
-    ranges.sort()
-    for (_, end), (start, _) in zip(ranges, ranges[1:]):
-        if start % end:
-            return None
-    return ranges
+        if size > 1 and stride > 0:
+            kept.append(mode)
+    try:
+        return Slice(0, kept)
+    except RankmeshError:
+        return None
 
 
 def contains(small_modes: Iterable[tuple[int, int]], big_modes: Iterable[tuple[int, int]]) -> bool | None:
     """Whether the ranks of the layout with ``small_modes`` (``(size, stride)`` pairs, from 0) are all
     ranks of the layout with ``big_modes``; None when the modes alone do not decide it exactly (the
-    cut points of the two layouts are no divisibility chain): then only the rank sets can.
+    cut points of the two layouts are no divisibility chain): then only the rank sets can. The
+    core decides it (:meth:`rankmesh.Slice.subset_by_modes`), in O(modes).
 
     >>> contains([(4, 2)], [(2, 1), (4, 2)])     # {0, 2, 4, 6} in {0..7}
     True
     >>> contains([(4, 1)], [(2, 1), (2, 4)])     # {0..3} in {0, 1, 4, 5}
     False
     """
-    small = _free_ranges(small_modes)
-    big = _free_ranges(big_modes)
+    small = _slice(small_modes)
+    big = _slice(big_modes)
     if small is None or big is None:
         return None
-    cuts = sorted({1, *(c for r in small for c in r), *(c for r in big for c in r)})
-    if any(b % a for a, b in zip(cuts, cuts[1:])):
-        return None
-    # Contiguous ranges of ``big`` free one longer run of digits: merge them, then each range of
-    # ``small`` must lie inside one run (all ends are on the chain, so inside means every digit).
-    runs: list[list[int]] = []
-    for start, end in big:
-        if runs and runs[-1][1] == start:
-            runs[-1][1] = end
-        else:
-            runs.append([start, end])
-    return all(any(lo <= start and end <= hi for lo, hi in runs) for start, end in small)
+    return small.subset_by_modes(big)
 
 
 def _modes(layout: Any) -> tuple[tuple[int, int], ...] | None:
