@@ -682,3 +682,65 @@ def test_a_torch_that_renamed_a_field_rankmesh_writes_fails_the_self_check(monke
         monkeypatch.setattr(compat, "DeviceMesh", renamed(field))
         reason = compat._self_check()
         assert reason is not None and field in reason, (field, reason)
+
+
+# -- placement arithmetic lives in the core ---------------------------------------------------------
+
+#: Names that hold a mode's stride or a range's step: arithmetic with them (``size * stride``,
+#: ``x // stride``, ``x % step``) is placement algebra, which ``rankmesh.Slice`` / ``MeshLayout``
+#: (the Rust core) own.
+_MODE_PARTS = {"stride", "strides", "step"}
+
+
+def _placement_arithmetic(source: str) -> list[str]:
+    """``line: what`` for each piece of placement arithmetic in ``source``, in line order: a gcd or
+    lcm or a modular inverse (three-argument ``pow``) of strides or steps, or ``*``, ``//`` or ``%``
+    with a stride or step as an operand."""
+
+    def part(node: ast.AST) -> str | None:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        return name if name in _MODE_PARTS else None
+
+    def mentions_part(node: ast.AST) -> bool:
+        return any(part(n) for n in ast.walk(node))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func).rsplit(".", 1)[-1]
+            if (name in ("gcd", "lcm") or (name == "pow" and len(node.args) == 3)) and mentions_part(node):
+                found.append(f"{node.lineno}: {name}()")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.FloorDiv, ast.Mod)):
+            if part(node.right) or part(node.left):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(found, key=lambda f: int(f.split(":")[0]))
+
+
+def test_no_placement_arithmetic_outside_the_core():
+    """Which ranks an offset plus (size, stride) modes hold, where two such sets meet, whether one
+    holds the other, which layout a list of ranks is: one value in the core (``rankmesh.Slice``,
+    ``MeshLayout``), not redone in Python modules."""
+    found = {
+        name: hits
+        for name, path in _modules().items()
+        if not _in_bench(name) and (hits := _placement_arithmetic(path.read_text()))
+    }
+    assert not found, f"placement arithmetic outside the core (call rankmesh.Slice / MeshLayout): {found}"
+
+
+def test_the_placement_check_finds_it():
+    source = textwrap.dedent(
+        """
+        import math
+        def nodes(world, gpus):
+            return math.gcd(world, gpus)  # not placement: no stride or step
+        def first_shared(a, b):
+            g = math.gcd(a.step, b.step)
+            t = pow(a.step // g, -1, b.step)
+            return [r for size, stride in modes for r in range(0, size * stride, stride)]
+        def digit(i, m):
+            return i // m.stride % m.size
+        """
+    )
+    found = _placement_arithmetic(source)
+    assert [f.split(":")[0] for f in found] == ["6", "7", "7", "8", "10"], found
