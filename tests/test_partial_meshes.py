@@ -337,7 +337,7 @@ def test_placed_layouts_pickle_and_compare():
 
 
 def test_from_group_of_rankmeshs_own_groups_reads_no_ranks(monkeypatch):
-    """Groups rankmesh made from a layout carry it (rankmesh.process_groups.group_layout): from_group
+    """Groups rankmesh made from a layout carry it (rankmesh.process_groups.group_slice): from_group
     over them is O(1) per dim, even for a dp group of 2^17 ranks."""
     world = 1 << 20
     with fake_world(world, 77):
