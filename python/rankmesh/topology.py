@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -349,6 +349,38 @@ def topology_report(
     Cost: O(group size) per dim for the caller; O(W) per dim checked over the whole world.
     """
     by_name = _as_meshes(meshes)
+    world = _one_world(by_name, meshes)
+    rank = as_rank(rank, world)
+    if gpus_per_node is not None:
+        gpus_per_node = positive_int(gpus_per_node, "gpus_per_node")
+    whole_world = as_bool(whole_world, "whole_world")
+    strict = as_bool(strict, "strict")
+    node_of, gpn = _node_numbering(world, gpus_per_node, hostnames)
+    hungry = _hungry_names(strict_dims)  # checked strict or not: an unknown name is never ignored
+    if not strict:
+        hungry = set()
+
+    def nodes(ranks: np.ndarray) -> np.ndarray:
+        return node_of[ranks] if node_of is not None else ranks // gpn
+
+    dims = _dim_topologies(by_name, rank, nodes, whole_world, hungry)
+    my_node = int(nodes(np.asarray([rank]))[0])
+    report = TopologyReport(
+        gpus_per_node=gpn,
+        num_nodes=world // gpn,
+        rank=rank,
+        node=my_node,
+        dims=tuple(dims),
+        whole_world=whole_world,
+    )
+    if strict:
+        _refuse_hungry_dims_across_nodes(report, strict_dims)
+    return report
+
+
+def _one_world(by_name: dict[str, MeshLayout], meshes: Any) -> int:
+    """The size of the world every mesh in ``by_name`` is over (the job's ranks: a placed mesh is
+    over part of them); :class:`TopologyError` when there is no mesh or they differ."""
     if not by_name:
         raise TopologyError("no mesh to report on; pass at least one layout", field="meshes", value=meshes)
     world_sizes = {m.global_size for m in by_name.values()}  # the job's ranks (a placed mesh: part of them)
@@ -358,12 +390,15 @@ def topology_report(
             field="meshes",
             value=meshes,
         )
-    world = world_sizes.pop()
-    rank = as_rank(rank, world)
-    if gpus_per_node is not None:
-        gpus_per_node = positive_int(gpus_per_node, "gpus_per_node")
-    whole_world = as_bool(whole_world, "whole_world")
-    strict = as_bool(strict, "strict")
+    return world_sizes.pop()
+
+
+def _node_numbering(
+    world: int, gpus_per_node: int | None, hostnames: Sequence[str] | None
+) -> tuple[np.ndarray | None, int]:
+    """``(node_of, gpus_per_node)``: the node of every rank from ``hostnames`` (None without them:
+    node = rank // gpus_per_node) and the ranks per node, from the hosts, the argument or
+    ``LOCAL_WORLD_SIZE``; :class:`TopologyError` when they disagree with the world or each other."""
     node_of: np.ndarray | None = None
     if hostnames is not None:
         node_of, gpn = node_of_rank_from_hosts(hostnames)
@@ -389,13 +424,19 @@ def topology_report(
                 value=None,
             )
         gpn = whole_nodes(world, gpus_per_node)
-    hungry = _hungry_names(strict_dims)  # checked strict or not: an unknown name is never ignored
-    if not strict:
-        hungry = set()
+    return node_of, gpn
 
-    def nodes(ranks: np.ndarray) -> np.ndarray:
-        return node_of[ranks] if node_of is not None else ranks // gpn
 
+def _dim_topologies(
+    by_name: dict[str, MeshLayout],
+    rank: int,
+    nodes: Callable[[np.ndarray], np.ndarray],
+    whole_world: bool,
+    hungry: set[str],
+) -> list[DimTopology]:
+    """One :class:`DimTopology` per dim of every mesh: the nodes ``rank``'s group spans, and the
+    fewest and most any group spans for the dims looked at over the whole world (``whole_world``,
+    or a dim in ``hungry``)."""
     dims: list[DimTopology] = []
     for label, layout in by_name.items():
         for i, name in enumerate(layout.names):
@@ -416,25 +457,21 @@ def topology_report(
                     max_nodes=hi,
                 )
             )
-    my_node = int(nodes(np.asarray([rank]))[0])
-    report = TopologyReport(
-        gpus_per_node=gpn,
-        num_nodes=world // gpn,
-        rank=rank,
-        node=my_node,
-        dims=tuple(dims),
-        whole_world=whole_world,
-    )
-    if strict:
-        bad = report.violations(strict_dims)
-        if bad:
-            d = bad[0]
-            others = "; also " + ", ".join(b.label for b in bad[1:]) if len(bad) > 1 else ""
-            raise TopologyError(
-                f"{d.label} ({d.size} ranks) spans {d.max_nodes} nodes ({gpn} GPUs per node), but it is "
-                f"bandwidth-hungry: keep it inside a node (make it the fastest dim with a size dividing "
-                f"{gpn}, or place ranks with rank_map_from_hosts){others}",
-                field=d.label,
-                value=d.max_nodes,
-            )
-    return report
+    return dims
+
+
+def _refuse_hungry_dims_across_nodes(report: TopologyReport, strict_dims: Iterable[str]) -> None:
+    """Strict mode: :class:`TopologyError` naming the first bandwidth-hungry dim of ``report``
+    that spans nodes (and the others after it); returns when there is none."""
+    bad = report.violations(strict_dims)
+    if bad:
+        gpn = report.gpus_per_node
+        d = bad[0]
+        others = "; also " + ", ".join(b.label for b in bad[1:]) if len(bad) > 1 else ""
+        raise TopologyError(
+            f"{d.label} ({d.size} ranks) spans {d.max_nodes} nodes ({gpn} GPUs per node), but it is "
+            f"bandwidth-hungry: keep it inside a node (make it the fastest dim with a size dividing "
+            f"{gpn}, or place ranks with rank_map_from_hosts){others}",
+            field=d.label,
+            value=d.max_nodes,
+        )
