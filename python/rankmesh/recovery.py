@@ -49,7 +49,7 @@ before any group is created.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,20 +226,7 @@ def hot_spare(
             f"mesh_size = {size} must be between 1 and old_world_size = {old}", field="mesh_size", value=mesh_size
         )
     in_mesh = [r for r in gone if r < size]
-    if spares is None:
-        pool = [r for r in range(size, old) if r not in gone]
-    else:
-        pool = _ranks(spares, "spares", old)
-        inside = [r for r in pool if r < size]
-        if inside:
-            raise ReformError(
-                f"spares {inside} are ranks of the mesh (0..{size - 1}); a spare is a rank from {size} on",
-                field="spares",
-                value=tuple(spares),
-            )
-        dead = [r for r in pool if r in gone]
-        if dead:
-            raise ReformError(f"spares {dead} failed too; leave them out", field="spares", value=tuple(spares))
+    pool = _live_spares(spares, gone, size, old)
     if len(pool) < len(in_mesh):
         raise ReformError(
             f"{len(in_mesh)} ranks of the mesh failed ({in_mesh}) but only {len(pool)} spares are alive ({pool}); "
@@ -254,26 +241,53 @@ def hot_spare(
     used = dict(zip(in_mesh, pool))
     removed = sorted(set(gone) | {r for r in range(size, old) if r not in used.values()})
     if renumber == "fill":
-        moved = {spare: index for index, spare in used.items()}  # each spare takes its index's number
-        left = frozenset(removed)
-
-        def new_rank(r: int) -> int | None:
-            if r in moved:
-                return moved[r]
-            return None if r in left or r >= size else r
-
         return Reform(
             old_world_size=old,
             world_size=size,
             world=MeshLayout.world(size),
             removed=tuple(removed),
-            _dropped=new_rank,
+            _dropped=_filled_rank(used, removed, size),
         )
     try:
         world = MeshLayout.renumbered(old, size, removed, used)
     except RankmeshError as e:  # a backstop: what is checked above should leave nothing here
         raise ReformError(str(e), field=e.field, value=e.value) from None
     return Reform(old_world_size=old, world_size=size, world=world, removed=tuple(removed))
+
+
+def _live_spares(spares: Sequence[int] | None, gone: list[int], size: int, old: int) -> list[int]:
+    """The spares that take failed ranks' places, in order: ``spares``, or by default every rank
+    past the mesh that did not fail; :class:`~rankmesh.errors.ReformError` for a given spare inside
+    the mesh or failed."""
+    if spares is None:
+        return [r for r in range(size, old) if r not in gone]
+    pool = _ranks(spares, "spares", old)
+    inside = [r for r in pool if r < size]
+    if inside:
+        raise ReformError(
+            f"spares {inside} are ranks of the mesh (0..{size - 1}); a spare is a rank from {size} on",
+            field="spares",
+            value=tuple(spares),
+        )
+    dead = [r for r in pool if r in gone]
+    if dead:
+        raise ReformError(f"spares {dead} failed too; leave them out", field="spares", value=tuple(spares))
+    return pool
+
+
+def _filled_rank(used: dict[int, int], removed: list[int], size: int) -> Callable[[int], int | None]:
+    """``new_rank`` of a ``"fill"`` hot spare: each spare in ``used`` (failed index -> spare) takes
+    its index's number, every other rank of the mesh keeps its own, the ``removed`` ranks and those
+    past the mesh leave (None)."""
+    moved = {spare: index for index, spare in used.items()}  # each spare takes its index's number
+    left = frozenset(removed)
+
+    def new_rank(r: int) -> int | None:
+        if r in moved:
+            return moved[r]
+        return None if r in left or r >= size else r
+
+    return new_rank
 
 
 def shrink(
@@ -301,14 +315,7 @@ def shrink(
         ...
         rankmesh.errors.ReformError: dim 'dp_replicate' has size 1: there is no other replica to keep; ...
     """
-    names = list(sizes)
-    if dim not in names:
-        raise ReformError(
-            f"dim {dim!r} is not one of the mesh's dims {names}; name the replica dim", field="dim", value=dim
-        )
-    shape = [as_int(sizes[n], f"sizes[{n!r}]") for n in names]
-    if any(s < 1 for s in shape):
-        raise ReformError(f"sizes must be >= 1, got {dict(sizes)}", field="sizes", value=dict(sizes))
+    names, shape = _replica_shape(sizes, dim)
     numel = 1
     for s in shape:
         numel *= s
@@ -323,6 +330,39 @@ def shrink(
     for s in shape[d + 1 :]:
         inner *= s
     size = shape[d]
+    lost = _lost_replicas(gone, numel, inner, size, dim, failed)
+    new_sizes = dict(zip(names, shape))
+    new_sizes[dim] = size - len(lost)
+    new_numel = numel // size * new_sizes[dim]
+    removed = tuple(sorted(set(gone) | {r for r in range(numel, old)}))  # O(changes); dropped replicas by rule
+    return Reform(
+        old_world_size=old,
+        world_size=new_numel,
+        world=MeshLayout.world(new_numel),
+        removed=removed,
+        sizes=new_sizes,
+        _dropped=_shrunk_rank(numel, inner, size, lost, new_sizes, dim),
+    )
+
+
+def _replica_shape(sizes: Mapping[str, int], dim: str) -> tuple[list[str], list[int]]:
+    """The mesh's dim names and sizes, in mesh order; :class:`~rankmesh.errors.ReformError` when
+    ``dim`` is not one of them or a size is below 1."""
+    names = list(sizes)
+    if dim not in names:
+        raise ReformError(
+            f"dim {dim!r} is not one of the mesh's dims {names}; name the replica dim", field="dim", value=dim
+        )
+    shape = [as_int(sizes[n], f"sizes[{n!r}]") for n in names]
+    if any(s < 1 for s in shape):
+        raise ReformError(f"sizes must be >= 1, got {dict(sizes)}", field="sizes", value=dict(sizes))
+    return names, shape
+
+
+def _lost_replicas(gone: list[int], numel: int, inner: int, size: int, dim: str, failed: Sequence[int]) -> list[int]:
+    """The indices along ``dim`` (``size`` replicas, each ``inner`` ranks apart) of the replicas
+    that lost a rank of the mesh, sorted; :class:`~rankmesh.errors.ReformError` when no replica
+    would be left."""
     lost = sorted({(r // inner) % size for r in gone if r < numel})
     if size == 1 and lost:
         raise ReformError(
@@ -342,9 +382,15 @@ def shrink(
             kind="no_replica_left",
             ctx={"dim": dim, "size": size, "failed_replicas": tuple(lost)},
         )
-    new_sizes = dict(zip(names, shape))
-    new_sizes[dim] = size - len(lost)
-    new_numel = numel // size * new_sizes[dim]
+    return lost
+
+
+def _shrunk_rank(
+    numel: int, inner: int, size: int, lost: list[int], new_sizes: dict[str, int], dim: str
+) -> Callable[[int], int | None]:
+    """``new_rank`` of a shrink: ranks past the mesh's ``numel`` and those in a ``lost`` replica
+    leave (None); the others close up in order, ``new_sizes[dim]`` replicas along ``dim`` instead
+    of ``size``."""
 
     def new_rank(r: int) -> int | None:
         if r >= numel:
@@ -356,12 +402,4 @@ def shrink(
         outer = r // (inner * size)
         return (outer * new_sizes[dim] + replica - k) * inner + r % inner
 
-    removed = tuple(sorted(set(gone) | {r for r in range(numel, old)}))  # O(changes); dropped replicas by rule
-    return Reform(
-        old_world_size=old,
-        world_size=new_numel,
-        world=MeshLayout.world(new_numel),
-        removed=removed,
-        sizes=new_sizes,
-        _dropped=new_rank,
-    )
+    return new_rank
