@@ -9,7 +9,7 @@ Built on :mod:`rankmesh.process_groups` (the default group must exist); knows no
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -103,17 +103,7 @@ def check_consistency(
     """
     fp = as_u64(fingerprint, "fingerprint")
     timeout = as_timeout(timeout, "timeout")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        outside = type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER
-        raise ArgumentTypeError(
-            "group is GroupMember.NON_GROUP_MEMBER: this rank is not in the group; call check_consistency "
-            "only on the group's members"
-            if outside
-            else f"group must be a torch.distributed.ProcessGroup or None (the world), got {type_name(group)} "
-            f"{group!r}",
-            field="group",
-            value=group,
-        )
+    _check_group(group)
     require_default_group("check_consistency")
     pg = group if group is not None else dist.group.WORLD
     device = _collective_device(pg)
@@ -125,6 +115,31 @@ def check_consistency(
     fmax, fmin = _from_i64(hi), _from_i64(~neg_lo)
     if fmin == fmax == fp:
         return
+    _raise_mismatch(fp, fmin, fmax, pg, device, timeout)
+
+
+def _check_group(group: Any) -> None:
+    """Returns when ``group`` is None (the world) or a ``ProcessGroup``; else
+    :class:`~rankmesh.errors.ArgumentTypeError`, which says when this rank is not in the group."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        outside = type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER
+        raise ArgumentTypeError(
+            "group is GroupMember.NON_GROUP_MEMBER: this rank is not in the group; call check_consistency "
+            "only on the group's members"
+            if outside
+            else f"group must be a torch.distributed.ProcessGroup or None (the world), got {type_name(group)} "
+            f"{group!r}",
+            field="group",
+            value=group,
+        )
+
+
+def _raise_mismatch(
+    fp: int, fmin: int, fmax: int, pg: dist.ProcessGroup, device: torch.device, timeout: datetime.timedelta
+) -> NoReturn:
+    """Raises :class:`~rankmesh.errors.ConfigMismatchError` on every rank of ``pg``, after one more
+    tiny collective that finds how many ranks hold the lowest and highest fingerprints and one
+    rank of each, for the message."""
     # Mismatch: every rank sees it (same reduction). One more tiny collective for the message.
     me = dist.get_rank(pg)
     n = pg.size()
