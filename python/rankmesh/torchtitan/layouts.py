@@ -61,42 +61,14 @@ def resolve_degrees(
         "etp": as_int(etp, "etp"),
     }
     world_size = as_int(world_size, "world_size")
-    for name in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
-        d = deg[name]
-        if d < 1:
-            raise ParallelDimsError(
-                f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; use 1 to disable a parallelism",
-                field=name,
-                value=d,
-                kind="degree_not_positive",
-                fix=degree_fix(name),
-            )
+    _check_positive(deg)
     dp_replicate, dp_shard, cp, tp, pp, ep, etp = deg.values()
-    if not (dp_shard == -1 or dp_shard >= 1):
-        raise ParallelDimsError(
-            f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank the other degrees leave",
-            field="dp_shard",
-            value=dp_shard,
-            kind="degree_not_positive",
-            fix=degree_fix("dp_shard"),
-        )
     # overflows before the degrees are compared with the world, naming the culprit
     check_degrees([("world_size", world_size)], error=ParallelDimsOverflowError)
     world_degrees = [(n, deg[n]) for n in ("dp_replicate", "dp_shard", "cp", "tp", "pp") if deg[n] != -1]
     check_degrees(world_degrees, error=ParallelDimsOverflowError)
     if dp_shard < 0:
-        deg["dp_shard"] = dp_shard = world_size // (dp_replicate * cp * tp * pp)
-        if dp_shard < 1:
-            raise ParallelDimsSizeMismatchError(
-                f"dp_shard = -1 leaves no rank for FSDP: world_size = {world_size} is "
-                f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}; lower "
-                "those degrees so that their product divides the world size",
-                field="dp_shard",
-                value=-1,
-                kind="no_rank_left",
-                ctx={"world_size": world_size, "others": dp_replicate * cp * tp * pp},
-                fix="lower {dp_replicate}, {cp}, {tp} or {pp} so that their product divides {world_size}",
-            )
+        deg["dp_shard"] = dp_shard = _dp_shard_left(world_size, dp_replicate, cp, tp, pp)
     product = dp_replicate * dp_shard * cp * tp * pp
     if product != world_size:
         raise ParallelDimsSizeMismatchError(
@@ -120,6 +92,48 @@ def resolve_degrees(
             fix=degree_fix("etp"),
         )
     return deg
+
+
+def _check_positive(deg: dict[str, int]) -> None:
+    """Returns when every degree in ``deg`` is at least 1, ``dp_shard`` also -1; else
+    :class:`~rankmesh.errors.ParallelDimsError` naming the first that is not."""
+    for name in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
+        d = deg[name]
+        if d < 1:
+            raise ParallelDimsError(
+                f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; use 1 to disable a parallelism",
+                field=name,
+                value=d,
+                kind="degree_not_positive",
+                fix=degree_fix(name),
+            )
+    dp_shard = deg["dp_shard"]
+    if not (dp_shard == -1 or dp_shard >= 1):
+        raise ParallelDimsError(
+            f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank the other degrees leave",
+            field="dp_shard",
+            value=dp_shard,
+            kind="degree_not_positive",
+            fix=degree_fix("dp_shard"),
+        )
+
+
+def _dp_shard_left(world_size: int, dp_replicate: int, cp: int, tp: int, pp: int) -> int:
+    """``dp_shard = -1`` resolved: the ranks per replica the other degrees leave (the world size
+    divided by their product); :class:`ParallelDimsSizeMismatchError` when that is none."""
+    dp_shard = world_size // (dp_replicate * cp * tp * pp)
+    if dp_shard < 1:
+        raise ParallelDimsSizeMismatchError(
+            f"dp_shard = -1 leaves no rank for FSDP: world_size = {world_size} is "
+            f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}; lower "
+            "those degrees so that their product divides the world size",
+            field="dp_shard",
+            value=-1,
+            kind="no_rank_left",
+            ctx={"world_size": world_size, "others": dp_replicate * cp * tp * pp},
+            fix="lower {dp_replicate}, {cp}, {tp} or {pp} so that their product divides {world_size}",
+        )
+    return dp_shard
 
 
 def _check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None:
