@@ -102,7 +102,7 @@ def _world_of(rank_map: Any, world_size: int) -> Any:
                 world = MeshLayout.world(world_size, arr)
             elif 0 < n < world_size:
                 placement = _placement_of(arr, n, world_size)
-                world = None if placement is None else MeshLayout.placed(world_size, *placement)
+                world = None if placement is None else MeshLayout.placed(world_size, placement.offset, placement.modes)
         except RankmeshError:  # not a permutation, a rank outside the job, a rank twice: torch's
             world = None
     ref = weakref.ref(rank_map, lambda _r, key=key: _RANK_MAPS.pop(key, None))

@@ -1017,6 +1017,23 @@ def init_device_mesh(
         ([[0, 1], [2, 3]], None)
         >>> dist.destroy_process_group()
     """
+    shape, names, overrides = _init_arguments(device_type, mesh_shape, mesh_dim_names, backend_override)
+    size_one_fake = as_bool(size_one_fake, "size_one_fake")
+    if not dist.is_initialized():
+        dist.init_process_group()
+    world_layout = _init_world(device_type, shape, names, overrides, rank_map, ranks)
+    if isinstance(world_layout, DeviceMesh):  # ranks that are no layout: torch's own mesh
+        return world_layout
+    if not compat.fast_meshes_available() or _symbolic_rank():
+        return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
+    return _build_root(device_type, shape, names, overrides, world_layout, size_one_fake)
+
+
+def _init_arguments(
+    device_type: Any, mesh_shape: Any, mesh_dim_names: Any, backend_override: Any
+) -> tuple[tuple[int, ...], tuple[str, ...] | None, Any]:
+    """:func:`init_device_mesh`'s arguments checked in torch's order, with torch's messages
+    where torch refuses them too: ``(shape, names, overrides)``."""
     shape = _sizes_tuple(mesh_shape, "mesh_shape")
     if not shape:
         raise SizeMismatchError("mesh_shape must have at least one dim", field="mesh_shape", value=mesh_shape)
@@ -1065,11 +1082,15 @@ def init_device_mesh(
             field="device_type",
             value=device_type,
         )
-    overrides = _backend_configs(given)  # torch: the backends when it creates the groups
-    size_one_fake = as_bool(size_one_fake, "size_one_fake")
+    return shape, names, _backend_configs(given)  # torch: the backends when it creates the groups
 
-    if not dist.is_initialized():
-        dist.init_process_group()
+
+def _init_world(
+    device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None, overrides: Any, rank_map: Any, ranks: Any
+) -> MeshLayout | DeviceMesh:
+    """The world an :func:`init_device_mesh` mesh is over: the job's ranks (in ``rank_map``'s order,
+    or a re-form's), or part of them (``ranks``, placed); torch's own mesh for ranks that are no
+    layout."""
     world_size = dist.get_world_size()
     numel = int(np.prod(shape, dtype=object))
     if numel > world_size:
@@ -1102,8 +1123,8 @@ def init_device_mesh(
                 mesh_dim_names=names,
                 backend_override=overrides,
             )
-        world_layout = MeshLayout.placed(world_size, *placement)
-    elif isinstance(rank_map, MeshLayout):  # a world layout, e.g. rankmesh.recovery's re-formed one
+        return MeshLayout.placed(world_size, placement.offset, placement.modes)
+    if isinstance(rank_map, MeshLayout):  # a world layout, e.g. rankmesh.recovery's re-formed one
         if rank_map.ndim != 1 or rank_map.world_size != world_size or rank_map.global_size != world_size:
             raise MeshArgumentError(
                 f"rank_map {rank_map!r} must be a 1-D world layout over the {world_size} ranks of the default "
@@ -1111,19 +1132,25 @@ def init_device_mesh(
                 field="rank_map",
                 value=rank_map,
             )
-        world_layout = rank_map.world_layout()
-    elif rank_map is None and (world_layout := _reformed_world(world_size)) is not None:
-        pass  # rankmesh.recovery: a re-form is active for this default group
-    else:
-        world_layout = MeshLayout.world(world_size, rank_map)
+        return rank_map.world_layout()
+    if rank_map is None and (reformed := _reformed_world(world_size)) is not None:
+        return reformed  # rankmesh.recovery: a re-form is active for this default group
+    return MeshLayout.world(world_size, rank_map)
 
-    if not compat.fast_meshes_available() or _symbolic_rank():
-        return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
 
+def _build_root(
+    device_type: str,
+    shape: tuple[int, ...],
+    names: tuple[str, ...] | None,
+    overrides: Any,
+    world_layout: MeshLayout,
+    size_one_fake: bool,
+) -> FastDeviceMesh:
+    """The root :class:`FastDeviceMesh` over ``world_layout`` with this rank's group per dim."""
     rm_names = names if names is not None else tuple(f"dim_{i}" for i in range(len(shape)))
     rm_layout = world_layout.unflatten(0, shape, rm_names) if len(shape) > 1 or rm_names != ("world",) else world_layout
     tl = _torch_layout(rm_layout)
-    whole = world_layout if world_layout.placement is None else MeshLayout.world(world_size)
+    whole = world_layout if world_layout.placement is None else MeshLayout.world(world_layout.global_size)
     builder = MeshBuilder(whole, device_type=device_type, size_one_fake=size_one_fake)
     CONCATENATE.install()  # a fast mesh is about to exist: FSDP2 may join it (see CONCATENATE)
     world = _world_of(builder, world_layout)
@@ -1178,6 +1205,59 @@ def from_group(
     """
     if mesh is not None:
         return DeviceMesh.from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
+    single, groups, names = _from_group_arguments(group, device_type, mesh_dim_names)
+    require_default_group("DeviceMesh from_group")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    origin, modes, shape = rank, [], []
+    for i, pg in enumerate(groups):
+        place = _group_place(i, pg, rank, world_size)
+        if place is None:
+            if single:  # torch's own, with one warning
+                return _torch_from_group(group, device_type, mesh_dim_names)
+            raise MeshArgumentError(
+                f"group[{i}]'s ranks are not an offset plus (size, stride) modes, so rankmesh cannot infer the mesh; "
+                "pass mesh= (torch's DeviceMesh.from_group then builds it)",
+                field=f"group[{i}]",
+                value=pg.group_name,
+            )
+        origin -= rank - place.offset  # the mesh's first rank: this rank less its offset in every dim
+        modes += place.modes
+        shape.append(len(place))
+    try:
+        world_layout = MeshLayout.placed(world_size, origin, modes)
+    except RankmeshError as e:
+        raise MeshArgumentError(
+            f"the groups do not fit together as the dims of one mesh around rank {rank} ({e}); give groups that are "
+            "the dims of one mesh, each once",
+            field="group",
+            value=[getattr(g, "group_name", g) for g in groups],
+        ) from e
+    rm_names = names if names is not None else ("dim_0",)
+    rm_layout = world_layout.unflatten(0, tuple(shape), rm_names)
+    if not compat.fast_meshes_available():
+        full = torch.from_numpy(world_layout.rank_map()).reshape(shape)
+        return DeviceMesh.from_group(group, device_type, full, mesh_dim_names=mesh_dim_names)
+    builder = MeshBuilder(MeshLayout.world(world_size), device_type=device_type)
+    CONCATENATE.install()  # a fast mesh is about to exist: FSDP2 may join it (see CONCATENATE)
+    world = _world_of(builder, world_layout)
+    root = FastDeviceMesh._make(world, rm_layout, _torch_layout(rm_layout), device_type, names, [], None)
+    root.__dict__["_dim_group_names"] = root._register(groups)
+    return root
+
+
+def _torch_from_group(group: Any, device_type: str, mesh_dim_names: Any) -> DeviceMesh:
+    warn_once(
+        ("mesh", "from_group"),
+        "rankmesh.from_group: the group's ranks are not an offset plus (size, stride) modes, so rankmesh "
+        "builds torch's own DeviceMesh.from_group",
+    )
+    return DeviceMesh.from_group(group, device_type, mesh_dim_names=mesh_dim_names)
+
+
+def _from_group_arguments(
+    group: Any, device_type: Any, mesh_dim_names: Any
+) -> tuple[bool, list[Any], tuple[str, ...] | None]:
+    """:func:`from_group`'s arguments checked: ``(one group given, the groups, the names)``."""
     check_str(device_type, "device_type")
     if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:  # new_group's answer on a non-member
         rank = dist.get_rank() if dist.is_initialized() else "?"
@@ -1204,85 +1284,40 @@ def from_group(
             field="mesh_dim_names",
             value=names,
         )
-    require_default_group("DeviceMesh from_group")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    origin, modes, shape = rank, [], []
-    for i, pg in enumerate(groups):
-        if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:
-            raise DistributedStateError(
-                f"group[{i}] is not a process group of this rank ({rank}); from_group takes the calling rank's own "
-                "group in every dim",
-                field=f"group[{i}]",
-                value=pg,
-            )
-        if not isinstance(pg, dist.ProcessGroup):
-            raise ArgumentTypeError(
-                f"group[{i}] must be a torch.distributed ProcessGroup, got {type_name(pg)} {pg!r}",
-                field=f"group[{i}]",
-                value=pg,
-            )
-        known = group_slice(pg)
-        if pg is dist.group.WORLD:  # O(1): every rank in order
-            ranks, where, place = None, rank, (0, [(world_size, 1)] if world_size > 1 else [])
-        elif known is not None:  # a group rankmesh made from a layout: O(1), its ranks are not read
-            ranks, where, place = None, rank, (known.offset, known.modes)
-            if rank not in known:
-                raise DistributedStateError(
-                    f"group[{i}] does not hold this rank ({rank}); from_group takes the calling rank's own group "
-                    "in every dim",
-                    field=f"group[{i}]",
-                    value=pg.group_name,
-                )
-        else:
-            ranks = np.asarray(dist.get_process_group_ranks(pg), dtype=np.int64)
-            hits = np.nonzero(ranks == rank)[0]
-            if not hits.size:
-                raise DistributedStateError(
-                    f"group[{i}] does not hold this rank ({rank}); from_group takes the calling rank's own group in "
-                    "every dim",
-                    field=f"group[{i}]",
-                    value=pg.group_name,
-                )
-            where = int(hits[0])
-            place = _placement_of(ranks, len(ranks), world_size)
-        if place is None:
-            if single:
-                warn_once(
-                    ("mesh", "from_group"),
-                    "rankmesh.from_group: the group's ranks are not an offset plus (size, stride) modes, so rankmesh "
-                    "builds torch's own DeviceMesh.from_group",
-                )
-                return DeviceMesh.from_group(group, device_type, mesh_dim_names=mesh_dim_names)
-            raise MeshArgumentError(
-                f"group[{i}]'s ranks are not an offset plus (size, stride) modes, so rankmesh cannot infer the mesh; "
-                "pass mesh= (torch's DeviceMesh.from_group then builds it)",
-                field=f"group[{i}]",
-                value=pg.group_name,
-            )
-        offset, dim_modes = place
-        origin -= (int(ranks[where]) if ranks is not None else rank) - offset
-        modes += dim_modes
-        shape.append(len(ranks) if ranks is not None else int(np.prod([m[0] for m in dim_modes], dtype=np.int64)))
-    try:
-        world_layout = MeshLayout.placed(world_size, origin, modes)
-    except RankmeshError as e:
-        raise MeshArgumentError(
-            f"the groups do not fit together as the dims of one mesh around rank {rank} ({e}); give groups that are "
-            "the dims of one mesh, each once",
-            field="group",
-            value=[getattr(g, "group_name", g) for g in groups],
-        ) from e
-    rm_names = names if names is not None else ("dim_0",)
-    rm_layout = world_layout.unflatten(0, tuple(shape), rm_names)
-    if not compat.fast_meshes_available():
-        full = torch.from_numpy(world_layout.rank_map()).reshape(shape)
-        return DeviceMesh.from_group(group, device_type, full, mesh_dim_names=mesh_dim_names)
-    builder = MeshBuilder(MeshLayout.world(world_size), device_type=device_type)
-    CONCATENATE.install()  # a fast mesh is about to exist: FSDP2 may join it (see CONCATENATE)
-    world = _world_of(builder, world_layout)
-    root = FastDeviceMesh._make(world, rm_layout, _torch_layout(rm_layout), device_type, names, [], None)
-    root.__dict__["_dim_group_names"] = root._register(groups)
-    return root
+    return single, groups, names
+
+
+def _group_place(i: int, pg: Any, rank: int, world_size: int) -> Slice | None:
+    """The ranks of ``group[i]`` (this rank's group in dim ``i``), in the group's order, as a
+    :class:`~rankmesh.Slice`; None when they are no slice. O(1) for the default group and for a
+    group rankmesh made from a layout, whose ranks are not read; O(group) otherwise."""
+    not_here = (
+        f"group[{i}] does not hold this rank ({rank}); from_group takes the calling rank's own group in every dim"
+    )
+    if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:
+        raise DistributedStateError(
+            f"group[{i}] is not a process group of this rank ({rank}); from_group takes the calling rank's own "
+            "group in every dim",
+            field=f"group[{i}]",
+            value=pg,
+        )
+    if not isinstance(pg, dist.ProcessGroup):
+        raise ArgumentTypeError(
+            f"group[{i}] must be a torch.distributed ProcessGroup, got {type_name(pg)} {pg!r}",
+            field=f"group[{i}]",
+            value=pg,
+        )
+    if pg is dist.group.WORLD:  # every rank in order
+        return Slice.of_range(range(world_size))
+    known = group_slice(pg)
+    if known is not None:
+        if rank not in known:
+            raise DistributedStateError(not_here, field=f"group[{i}]", value=pg.group_name)
+        return known
+    ranks = np.asarray(dist.get_process_group_ranks(pg), dtype=np.int64)
+    if not (ranks == rank).any():
+        raise DistributedStateError(not_here, field=f"group[{i}]", value=pg.group_name)
+    return _placement_of(ranks, len(ranks), world_size)
 
 
 def _symbolic_rank(who: str = "rankmesh.init_device_mesh", instead: str = "init_device_mesh builds the mesh") -> bool:
@@ -1361,7 +1396,7 @@ def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:
     return builder.layer_state(key, lambda: _World(world, builder.rank, builder))
 
 
-def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tuple[int, int]]] | None:
+def _placement_of(ranks: Any, numel: int, world_size: int) -> Slice | None:
     """``(offset, modes)`` of the ranks of a mesh over part of the job, in mesh order, such that
     ``ranks[i] == offset + sum(digit_k(i) * stride_k)``; None when the ranks are no such layout (a
     general subset). A ``range`` is O(1); a sequence is read once (O(numel), numpy). Ranks outside
@@ -1376,8 +1411,7 @@ def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tu
         as_rank(ranks[0], world_size, "ranks[0]")
         as_rank(ranks[-1], world_size, f"ranks[{numel - 1}]")
         if ranks.step > 0 or numel == 1:
-            place = Slice.of_range(ranks)
-            return place.offset, place.modes
+            return Slice.of_range(ranks)
         ranks = list(ranks)  # descending: a valid list, read as one
     if isinstance(ranks, torch.Tensor):
         ranks = ranks.detach().cpu().numpy()
@@ -1407,8 +1441,7 @@ def _placement_of(ranks: Any, numel: int, world_size: int) -> tuple[int, list[tu
             field="ranks",
             value=twice,
         )
-    place = Slice.recognise(arr)  # the core reads the modes off the ranks, O(numel)
-    return None if place is None else (place.offset, place.modes)
+    return Slice.recognise(arr)  # the core reads the modes off the ranks, O(numel)
 
 
 def _fake_dim_indices(layout: MeshLayout, fake_dims: Sequence[str | int]) -> set[int]:
