@@ -75,6 +75,42 @@ def _module_device_type() -> str:
     return device_type  # read at call time, so a patched value is seen
 
 
+def _titan_meshes(
+    world_mesh: DeviceMesh, deg: dict[str, int], ep: int
+) -> tuple[dict[str, DeviceMesh], dict[str, DeviceMesh]]:
+    """torchtitan's own recipe on ``world_mesh`` (rankmesh's ``init_device_mesh``): returns the
+    global meshes and the 1-D meshes, by name. One ``_unflatten`` per global mesh (batch and
+    disabled dims on the fake backend), the loss mesh flattened from dataloading's (batch, cp).
+    Every mesh shares the world's process groups, one per distinct partition of the world."""
+
+    def unflatten(name: str) -> DeviceMesh:
+        dims = _tt.GLOBAL_MESH_DIMS[name]
+        fake_names = _tt.fake_dim_names(dims, [deg[n] for n in dims], ep)
+        fake = {n: "fake" for n in dims if n in fake_names}
+        return world_mesh._unflatten(0, tuple(deg[n] for n in dims), dims, backend_override=fake)
+
+    dl = unflatten("dataloading")
+    loss = dl["batch", "cp"]._flatten(_tt.LOSS_DIM_NAME)
+    dense = unflatten("dense")
+    sparse = unflatten("sparse")
+    global_meshes = {"dataloading": dl, "loss": loss, "dense": dense, "sparse": sparse}
+    # The 1-D meshes are slices of the global meshes, as in torchtitan: they share the
+    # world's rank map, which FSDP2 needs to concatenate a DP mesh with a TP mesh.
+    meshes = {
+        "pp": dl["pp"],
+        "batch": dl["batch"],
+        "loss": loss,
+        "dp_replicate": dense["dp_replicate"],
+        "fsdp": dense["fsdp"],
+        "cp": dl["cp"],
+        "tp": dl["tp"],
+        "ep": sparse["ep"],
+        "efsdp": sparse["efsdp"],
+        "etp": sparse["etp"],
+    }
+    return global_meshes, meshes
+
+
 @dataclass
 class ParallelDims:
     """Parallelism degrees and the device meshes they define (torchtitan's ``ParallelDims``).
@@ -173,14 +209,7 @@ class ParallelDims:
             consistency_timeout: seconds every rank has to reach that check.
         """
         if self._world_mesh is not None and self._meshes:
-            if device_type is not None and device_type != self._world_mesh.device_type:
-                raise MeshArgumentError(
-                    f"the meshes were already built for device_type={self._world_mesh.device_type!r}; "
-                    f"cannot rebuild them for {device_type!r}. Build once, with the device type you need",
-                    field="device_type",
-                    value=device_type,
-                )
-            return self._world_mesh
+            return self._built_world_mesh(device_type)
         device_type = device_type or _module_device_type()
         t0 = time.perf_counter()
         logger.info(
@@ -189,47 +218,11 @@ class ParallelDims:
             self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
         )
         deg = self._degrees()  # checks the MoE mesh before anything else
-        require_default_group("building meshes")
-        if dist.get_world_size() != self.world_size:
-            raise DistributedStateError(
-                f"the default process group has {dist.get_world_size()} ranks but "
-                f"ParallelDims.world_size = {self.world_size}; pass world_size=dist.get_world_size()",
-                field="world_size",
-                value=self.world_size,
-            )
+        self._check_default_group()
         if check_consistency:
             _check_consistency(self.fingerprint, timeout=consistency_timeout)
-        # torchtitan's own recipe, on rankmesh's init_device_mesh: one world mesh, one _unflatten
-        # per global mesh (batch and disabled dims on the fake backend), the loss mesh flattened
-        # from dataloading's (batch, cp). Every mesh shares the world's process groups, one per
-        # distinct partition of the world.
         world_mesh = init_device_mesh(device_type, (self.world_size,), mesh_dim_names=("world",))
-
-        def unflatten(name: str) -> DeviceMesh:
-            dims = _tt.GLOBAL_MESH_DIMS[name]
-            fake_names = _tt.fake_dim_names(dims, [deg[n] for n in dims], self.ep)
-            fake = {n: "fake" for n in dims if n in fake_names}
-            return world_mesh._unflatten(0, tuple(deg[n] for n in dims), dims, backend_override=fake)
-
-        dl = unflatten("dataloading")
-        loss = dl["batch", "cp"]._flatten(_tt.LOSS_DIM_NAME)
-        dense = unflatten("dense")
-        sparse = unflatten("sparse")
-        global_meshes = {"dataloading": dl, "loss": loss, "dense": dense, "sparse": sparse}
-        # The 1-D meshes are slices of the global meshes, as in torchtitan: they share the
-        # world's rank map, which FSDP2 needs to concatenate a DP mesh with a TP mesh.
-        meshes = {
-            "pp": dl["pp"],
-            "batch": dl["batch"],
-            "loss": loss,
-            "dp_replicate": dense["dp_replicate"],
-            "fsdp": dense["fsdp"],
-            "cp": dl["cp"],
-            "tp": dl["tp"],
-            "ep": sparse["ep"],
-            "efsdp": sparse["efsdp"],
-            "etp": sparse["etp"],
-        }
+        global_meshes, meshes = _titan_meshes(world_mesh, deg, self.ep)
         self._global_meshes = global_meshes
         self._meshes = meshes
         self._world_mesh = world_mesh
@@ -241,6 +234,30 @@ class ParallelDims:
             self.build_report,
         )
         return world_mesh
+
+    def _built_world_mesh(self, device_type: str | None) -> DeviceMesh:
+        """The world mesh of the meshes built before; :class:`~rankmesh.errors.MeshArgumentError`
+        when ``device_type`` asks for another device type than they were built for."""
+        if device_type is not None and device_type != self._world_mesh.device_type:
+            raise MeshArgumentError(
+                f"the meshes were already built for device_type={self._world_mesh.device_type!r}; "
+                f"cannot rebuild them for {device_type!r}. Build once, with the device type you need",
+                field="device_type",
+                value=device_type,
+            )
+        return self._world_mesh
+
+    def _check_default_group(self) -> None:
+        """Returns when the default process group exists and has ``world_size`` ranks; else
+        :class:`~rankmesh.errors.DistributedStateError`."""
+        require_default_group("building meshes")
+        if dist.get_world_size() != self.world_size:
+            raise DistributedStateError(
+                f"the default process group has {dist.get_world_size()} ranks but "
+                f"ParallelDims.world_size = {self.world_size}; pass world_size=dist.get_world_size()",
+                field="world_size",
+                value=self.world_size,
+            )
 
     def _validate_meshes(self) -> None:
         expected = self._degrees()
