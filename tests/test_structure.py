@@ -744,3 +744,31 @@ def test_the_placement_check_finds_it():
     )
     found = _placement_arithmetic(source)
     assert [f.split(":")[0] for f in found] == ["6", "7", "7", "8", "10"], found
+
+
+# -- messages are templates: the CLI renders them, it parses no prose -------------------------------
+
+
+def test_the_cli_parses_no_prose():
+    """``rankmesh plan`` prints an API error's message with its flags by rendering the message's
+    template (``RankmeshError.render`` over :func:`rankmesh.errors.arg` marks), never by matching
+    the message text: the CLI module does not import ``re``."""
+    imported = set()
+    for node in ast.walk(ast.parse(_modules()["rankmesh.cli"].read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    assert "re" not in imported, "rankmesh.cli matches message text; mark the argument with errors.arg instead"
+
+
+def test_argument_marks_never_reach_a_message():
+    from rankmesh.errors import InvalidSizeError, arg
+
+    e = InvalidSizeError(f"{arg('tp', 'tp = 0', 0)} and {arg('world_size')} {{braces}} stay", field="tp", value=0)
+    assert str(e) == e.message == e.args[0] == "tp = 0 and world_size {braces} stay"
+    assert e.render(lambda name, value: f"--{name.replace('_', '-')}") == "--tp 0 and --world-size {braces} stay"
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e))
+    assert str(again) == str(e) and again.render(lambda n, v: "--x") == "--x 0 and --x {braces} stay"

@@ -74,6 +74,7 @@ from rankmesh.errors import (
     InvalidTimeoutError,
     LayoutOverflowError,
     RankOutOfRangeError,
+    arg,
 )
 
 __all__ = [
@@ -147,7 +148,7 @@ def positive_int(value: Any, field: str, *, auto: int | None = None, hint: str =
         return v
     also = f" (or {auto} to fill the rest of the world)" if auto is not None else ""
     raise InvalidSizeError(
-        f"{field} must be >= 1{also}, got {v}{hint}", field=field, value=v, kind="degree_not_positive", fix=fix
+        f"{arg(field)} must be >= 1{also}, got {v}{hint}", field=field, value=v, kind="degree_not_positive", fix=fix
     )
 
 
@@ -156,7 +157,8 @@ def as_rank(value: Any, world_size: int, field: str = "rank") -> int:
     r = as_int(value, field)
     if not 0 <= r < world_size:
         raise RankOutOfRangeError(
-            f"{field} = {r} is out of range for a world of {world_size} ranks; valid ranks are 0..{world_size - 1}",
+            f"{arg(field, f'{field} = {r}', r)} is out of range for a world of {world_size} ranks; valid ranks are "
+            f"0..{world_size - 1}",
             field=field,
             value=r,
         )
@@ -325,7 +327,8 @@ def check_degrees(degrees: Any, *, rank_offset: int = 0, error: type[LayoutOverf
             names, values = "*".join(f for f, _ in seen), "*".join(str(v) for _, v in seen)
             what = f"{names} = {values} = {product} ranks" if len(seen) > 1 else f"{value} ranks"
             raise error(
-                f"{field} = {value} overflows: {what} is more than the {MAX_WORLD_SIZE} a world holds "
+                f"{arg(field, f'{field} = {value}', value)} overflows: {what} is more than the {MAX_WORLD_SIZE} a "
+                "world holds "
                 f"(ranks are int32); lower {field}",
                 field=field,
                 value=value,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -99,12 +98,6 @@ _FLAG = {
     "strict_dims": "--strict",
 }
 
-#: Argument names that stand for nothing else (no dim, factor of a formula or English word shares
-#: them): every mention of one whose flag the user typed is that flag. The others (tp is also a dim
-#: and a factor of ``dp_shard * cp * tp``, order a word) are the flag only where the message names
-#: the value typed or begins with the name (:func:`_flag_message`).
-_ONLY_ARGUMENTS = ("world_size", "gpus_per_node", "strict_dims")
-
 #: ``rankmesh plan --help``: how to write a job of disjoint meshes.
 _MESH_EPILOG = f"""\
 a job of disjoint meshes (--mesh, repeated; instead of --tp/--pp/... and --convention):
@@ -130,36 +123,26 @@ def _typed(a: argparse.Namespace) -> dict[str, tuple[str, ...]]:
 
 
 def _flag_message(e: RankmeshError, typed: Mapping[str, Sequence[str]]) -> str:
-    """The API error's message as ``rankmesh plan`` prints it: where it names an argument whose
-    flag the user typed (the error's ``field``, or a key of its ``ctx``), the flag. The value typed
-    after the name (``tp = 0``, ``cp=2``, ``world_size (60)``, ``world_size 60``, ``order 'tp-dp'``)
-    reads ``--tp 0``, ``--cp 2``, ``--world-size 60``, ``--order 'tp-dp'``; a message that begins
-    with the field (``tensor_model_parallel_size must be >= 1``) begins with its flag (``--tp``);
-    an argument of :data:`_ONLY_ARGUMENTS` is its flag wherever it is named. Unchanged: the factors
-    of a formula (``dp_shard * cp * tp = 64 * 1 * 1``), a value the user did not type (the default
-    ``dp_shard = -1``), an argument with no flag (``LOCAL_WORLD_SIZE``), and the error itself:
-    the API's message is only rendered here.
+    """The API error's message as ``rankmesh plan`` prints it: the message is a template over the
+    arguments it names (:func:`rankmesh.errors.arg`), rendered with the flag of each argument the
+    user typed (``tp = 0`` reads ``--tp 0``, ``tensor_model_parallel_size must`` ``--tp must``)
+    where the mention shows no value or the value typed. Unchanged: what the template does not mark
+    as an argument (the factors of a formula, a dim named like a flag), a value the user did not
+    type (the default ``dp_shard = -1``), an argument with no flag, and the error itself.
 
-        >>> from rankmesh.errors import RankOutOfRangeError
-        >>> e = RankOutOfRangeError("rank = 99 is out of range", field="rank", value=99)
+        >>> from rankmesh.errors import RankOutOfRangeError, arg
+        >>> e = RankOutOfRangeError(f"{arg('rank', 'rank = 99', 99)} is out of range", field="rank", value=99)
         >>> _flag_message(e, {"--rank": ("99",)}), _flag_message(e, {}), str(e)
         ('--rank 99 is out of range', 'rank = 99 is out of range', 'rank = 99 is out of range')
     """
-    text = str(e)
-    for name in dict.fromkeys([e.field, *e.ctx]):
+
+    def flag_of(name: str, value: str | None) -> str | None:
         flag = _FLAG.get(name)
-        if flag is None or flag not in typed:
-            continue
-        n = re.escape(name)
-        for value in typed[flag]:  # the name, then the value typed, outside a formula
-            v = re.escape(value)
-            text = re.sub(rf"(?<![\w.*-])(?<!\* ){n}(?: = |=| )({v})(?![\w.]| ?\*)", lambda m: f"{flag} {m[1]}", text)
-            text = re.sub(rf"(?<![\w.*-])(?<!\* ){n} \(({v})\)", lambda m: f"{flag} {m[1]}", text)
-        if name in _ONLY_ARGUMENTS:
-            text = re.sub(rf"(?<![\w.-]){n}(?!\w)", flag, text)
-        elif name == e.field:
-            text = re.sub(rf"^{n}(?= [\w'])", flag, text)
-    return text
+        if flag is None or flag not in typed or (value is not None and value not in typed[flag]):
+            return None
+        return flag
+
+    return e.render(flag_of)
 
 
 def _plan_fix(e: RankmeshError, convention: str, degrees: Mapping[str, Any] | None = None) -> str:

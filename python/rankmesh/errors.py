@@ -24,7 +24,9 @@ slug (the class's by default, e.g. ``"size_mismatch"``; a finer one where code m
 faults apart, e.g. ``"degree_not_positive"``), a ``ctx`` dict of the values involved, and where
 one is known a ``fix`` written in argument names: :meth:`RankmeshError.fix_text` renders it for
 the API, and ``rankmesh plan`` renders the same text with its flags (``{tp=1}`` is ``tp=1`` here,
-``--tp 1`` on the command line), so the CLI keeps no fix texts of its own::
+``--tp 1`` on the command line), so the CLI keeps no fix texts of its own. The message itself is
+a template over the arguments it names in the same way (:func:`arg`; :meth:`RankmeshError.render`),
+so ``rankmesh plan`` prints ``--tp 0`` where the API says ``tp = 0`` without reading the prose::
 
     >>> from rankmesh.errors import InvalidSizeError
     >>> e = InvalidSizeError("tp must be >= 1, got 0", field="tp", value=0,
@@ -116,6 +118,47 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The marks around an argument's mention in a message template (:func:`arg`): ASCII record and
+#: unit separators, which no value a message shows holds.
+_OPEN, _SEP, _CLOSE = "\x1e", "\x1f", "\x1d"
+_MARK = re.compile(f"{_OPEN}([^{_SEP}]*){_SEP}([^{_SEP}]*){_SEP}([^{_CLOSE}]*){_CLOSE}")
+_NO_VALUE = "\x00"  # in a mark: the mention shows no value
+_UNSET: Any = object()
+
+
+def arg(name: str, text: str | None = None, value: Any = _UNSET) -> str:
+    """An argument's mention in an error message: the message is a template over the arguments it
+    names, as pydantic-core renders each message from a template over its error's context. The
+    API's message says ``text`` (default: ``name``); ``rankmesh plan`` says the argument's flag,
+    followed by ``value`` (as typed) when the mention shows one, wherever the user typed that flag
+    (:meth:`RankmeshError.render`). The same data gives both, so the CLI parses no prose.
+
+        >>> e = InvalidSizeError(f"{arg('tp', f'tp = {0}', 0)} must be >= 1", field="tp", value=0)
+        >>> str(e), e.render(lambda name, value: "--tp" if name == "tp" else None)
+        ('tp = 0 must be >= 1', '--tp 0 must be >= 1')
+    """
+    shown = name if text is None else text
+    typed = _NO_VALUE if value is _UNSET else str(value)
+    return f"{_OPEN}{name}{_SEP}{shown}{_SEP}{typed}{_CLOSE}"
+
+
+def render(template: str, name_of: Callable[[str, str | None], str | None] | None = None) -> str:
+    """``template`` with each :func:`arg` mention as the API says it, or, where ``name_of(name,
+    value)`` gives a flag, as that flag (and the value typed, when the mention shows one)."""
+    if _OPEN not in template:
+        return template
+
+    def fill(m: re.Match) -> str:
+        name, shown, value = m.group(1), m.group(2), m.group(3)
+        value = None if value == _NO_VALUE else value
+        flag = name_of(name, value) if name_of is not None else None
+        if flag is None:
+            return shown
+        return flag if value is None else f"{flag} {value}"
+
+    return _MARK.sub(fill, template)
+
+
 class RankmeshError(ValueError):
     """Base class of every rankmesh error.
 
@@ -149,6 +192,8 @@ class RankmeshError(ValueError):
         ctx: Mapping[str, Any] | None = None,
         fix: str | None = None,
     ) -> None:
+        self.template = message
+        message = render(message)
         super().__init__(message)
         self.message = message
         self.field = field
@@ -160,6 +205,11 @@ class RankmeshError(ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+    def render(self, name_of: Callable[[str, str | None], str | None] | None = None) -> str:
+        """The message with the arguments it names (:func:`arg`) as ``name_of(name, value)`` gives
+        them (a command-line flag, or None for the argument's own name); ``str(e)`` without it."""
+        return render(self.template, name_of)
 
     def fix_text(self, name_of: Callable[[str], str | None] | None = None) -> str | None:
         """:attr:`fix` with its placeholders filled: ``{name}`` becomes ``name_of(name)`` and
@@ -193,7 +243,7 @@ class RankmeshError(ValueError):
             pickle.dumps(fields["value"])
         except Exception:  # e.g. a ProcessGroup: the copy carries its repr instead
             fields = {**fields, "value": repr(fields["value"])}
-        return (_rebuild, (type(self), self.message, fields))
+        return (_rebuild, (type(self), self.template, fields))
 
 
 def _rebuild(cls: type[RankmeshError], message: str, fields: dict[str, Any]) -> RankmeshError:

@@ -27,6 +27,7 @@ from rankmesh.errors import (
     RankOutOfRangeError,
     SizeMismatchError,
     UnknownNameError,
+    arg,
 )
 from rankmesh.topology import TopologyReport, topology_report, whole_nodes
 
@@ -111,7 +112,7 @@ class JobPlan:
 def _mesh_error(cls: type[RankmeshError], spec: str, why: str, fix: str, *, kind: str | None = None) -> RankmeshError:
     """An error of one mesh spec: the message names it as ``mesh 'spec'`` (``rankmesh plan``
     prints ``--mesh 'spec'``), ``field`` is ``"mesh"`` and ``value`` the spec."""
-    return cls(f"mesh {spec!r}: {why}", field="mesh", value=spec, kind=kind, fix=fix)
+    return cls(f"{arg('mesh', f'mesh {spec!r}', repr(spec))}: {why}", field="mesh", value=spec, kind=kind, fix=fix)
 
 
 def _spec(label: str, r: range, dims: Sequence[tuple[str, int]]) -> str:
@@ -258,7 +259,8 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
                 fix = "give each mesh ranks of its own (a job's meshes are disjoint)"
             raise _mesh_error(
                 MeshArgumentError, spec,
-                f"it shares rank {shared} with mesh {other.spec!r} ({other.span()}); the meshes of a job are disjoint",
+                f"it shares rank {shared} with {arg('mesh', f'mesh {other.spec!r}', repr(other.spec))} "
+                f"({other.span()}); the meshes of a job are disjoint",
                 fix, kind="meshes_overlap",
             )
         layout = MeshLayout.placed(world, ranks.start, [(len(ranks), ranks.step)])

@@ -37,7 +37,7 @@ from rankmesh._check import check_str
 from rankmesh._groups import DEFAULT, group_key, is_fake
 from rankmesh._native import MeshLayout
 from rankmesh._plan_parts import WHOLE_WORLD_LIMIT, GroupCount, format_group
-from rankmesh.errors import ParallelConfigError, UnknownNameError
+from rankmesh.errors import ParallelConfigError, UnknownNameError, arg
 from rankmesh.job_plan import (  # the job of disjoint meshes (--mesh), importable from here too
     DEGREE_NAMES,
     MESH_SYNTAX,
@@ -195,7 +195,7 @@ def _single_plan(world: int, tp: int, pp: int, cp: int, ep: int, dp_replicate: i
 def _not_for(name: str, value: object, convention: str, why: str = "") -> ParallelConfigError:
     fix = "drop {" + name + "}" + (", or pass {convention=megatron}" if name == "order" else "")
     return ParallelConfigError(
-        f"{name} does not apply to the {convention} convention{why}",
+        f"{arg(name)} does not apply to the {convention} convention{why}",
         field=name,
         value=value,
         kind="not_for_convention",

@@ -41,7 +41,7 @@ import numpy as np
 
 from rankmesh._check import as_int, as_layout, as_rank, check_degrees, degree_fix, positive_int, type_name
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError
+from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError, arg
 
 __all__ = [
     "SINGLE_MESH_ORDER",
@@ -121,7 +121,7 @@ def single_mesh(
     cp = _degree(cp, "cp")
     if cp > 1:
         raise ParallelConfigError(
-            f"the single-mesh convention has no cp dim (got cp={cp}); use the torchtitan or "
+            f"the single-mesh convention has no cp dim (got {arg('cp', f'cp={cp}', cp)}); use the torchtitan or "
             "megatron convention for context parallelism",
             field="cp",
             value=cp,
@@ -140,7 +140,8 @@ def single_mesh(
     if deg["dp_shard"] == -1:
         if world_size % others:
             raise SizeMismatchError(
-                f"world_size {world_size} is not divisible by pp*dp_replicate*ep*tp = {others}, so "
+                f"{arg('world_size', f'world_size {world_size}', world_size)} is not divisible by "
+                f"pp*dp_replicate*ep*tp = {others}, so "
                 "dp_shard=-1 cannot fill the rest; change the degrees or the world size",
                 field="dp_shard",
                 value=-1,

@@ -42,7 +42,7 @@ import numpy as np
 
 from rankmesh._check import as_bool, as_layout, as_rank, as_sequence, check_str, positive_int, type_name
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ArgumentTypeError, TopologyError, UnknownNameError
+from rankmesh.errors import ArgumentTypeError, TopologyError, UnknownNameError, arg
 
 __all__ = [
     "BANDWIDTH_HUNGRY",
@@ -265,7 +265,7 @@ def _hungry_names(hungry: Iterable[str]) -> set[str]:
         check_str(h, f"strict_dims[{i}]")
         if h not in BANDWIDTH_HUNGRY:
             raise UnknownNameError(
-                f"unknown bandwidth-hungry family {h!r} in strict_dims; choose from "
+                f"unknown bandwidth-hungry family {h!r} in {arg('strict_dims')}; choose from "
                 + ", ".join(f"{k} (dims {'/'.join(v)})" for k, v in BANDWIDTH_HUNGRY.items()),
                 field="strict_dims",
                 value=h,
@@ -304,7 +304,7 @@ def whole_nodes(world_size: int, gpus_per_node: int) -> int:
     if world_size % gpn:
         raise TopologyError(
             f"a world of {world_size} ranks is not a whole number of {gpn}-GPU nodes; pass the real "
-            "gpus_per_node, or hostnames when nodes differ",
+            f"{arg('gpus_per_node')}, or hostnames when nodes differ",
             field="gpus_per_node",
             value=gpn,
         )

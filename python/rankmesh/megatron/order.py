@@ -33,6 +33,7 @@ from rankmesh.errors import (
     RankmeshError,
     SizeMismatchError,
     UnknownNameError,
+    arg,
 )
 
 __all__ = ["MEGATRON_DIMS", "DEFAULT_ORDER", "order_problem", "working_order"]
@@ -108,7 +109,10 @@ def _names_fault(text: Any, field: str, unique: bool = False) -> tuple[list[str]
         return [], _Fault(
             f"the {field} {text!r} names {bad!r}, which is not one of {known}",
             lambda: UnknownNameError(
-                f"{field} {text!r} names {bad!r}, which is not one of {known}", field=field, value=bad, fix=fix
+                f"{arg(field, f'{field} {text!r}', repr(text))} names {bad!r}, which is not one of {known}",
+                field=field,
+                value=bad,
+                fix=fix,
             ),
         )
     if unique and len(set(names)) < len(names):
@@ -189,7 +193,8 @@ class _OrderCheck:
             if fix is None:
                 hint = f"no order naming {listed} works with these degrees; change them"
             return ParallelConfigError(
-                f"the size of {dim} is {size}, but the order {order!r} does not name it; {hint}",
+                f"the size of {dim} is {size}, but the {arg('order', f'order {order!r}', repr(order))} does not name "
+                f"it; {hint}",
                 field="order",
                 value=order,
                 kind="order_misses_dim",
@@ -322,7 +327,8 @@ class LayoutCheck(_OrderCheck):
             what, factors = "expert_tp*ep*pp", (self.etp, self.ep, self.pp)
         div = int(np.prod(factors))
         return lambda: SizeMismatchError(
-            f"world_size ({w}) is not divisible by {what} = {'*'.join(map(str, factors))} = {div}; use a world "
+            f"{arg('world_size', f'world_size ({w})', w)} is not divisible by {what} = {'*'.join(map(str, factors))} "
+            f"= {div}; use a world "
             f"that is a multiple of {div} or smaller {'degrees' if dense else 'expert degrees'}",
             field="world_size",
             value=w,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from rankmesh._check import as_int, check_degrees, degree_fix
 from rankmesh._native import MeshLayout
-from rankmesh.errors import ParallelDimsError, ParallelDimsOverflowError, ParallelDimsSizeMismatchError
+from rankmesh.errors import ParallelDimsError, ParallelDimsOverflowError, ParallelDimsSizeMismatchError, arg
 
 #: torchtitan's global meshes, slowest dim first.
 GLOBAL_MESH_DIMS: dict[str, tuple[str, ...]] = {
@@ -83,8 +83,8 @@ def resolve_degrees(
         )
     if ep > 1 and etp not in (tp, 1):
         raise ParallelDimsError(
-            f"Currently we only support ETP=TP or ETP=1: etp = {etp} with tp = {tp} and "
-            f"ep = {ep}; set etp to 1 or to tp",
+            f"Currently we only support ETP=TP or ETP=1: {arg('etp', f'etp = {etp}', etp)} with "
+            f"{arg('tp', f'tp = {tp}', tp)} and {arg('ep', f'ep = {ep}', ep)}; set etp to 1 or to tp",
             field="etp",
             value=etp,
             kind="etp_not_tp_or_1",
@@ -101,7 +101,8 @@ def _check_positive(deg: dict[str, int]) -> None:
         d = deg[name]
         if d < 1:
             raise ParallelDimsError(
-                f"Parallelism degree should be >= 1, except for dp_shard: {name} = {d}; use 1 to disable a parallelism",
+                f"Parallelism degree should be >= 1, except for dp_shard: {arg(name, f'{name} = {d}', d)}; use 1 "
+                "to disable a parallelism",
                 field=name,
                 value=d,
                 kind="degree_not_positive",
@@ -110,7 +111,8 @@ def _check_positive(deg: dict[str, int]) -> None:
     dp_shard = deg["dp_shard"]
     if not (dp_shard == -1 or dp_shard >= 1):
         raise ParallelDimsError(
-            f"dp_shard must -1 or >=1: dp_shard = {dp_shard}; use -1 to give FSDP every rank the other degrees leave",
+            f"{arg('dp_shard')} must -1 or >=1: {arg('dp_shard', f'dp_shard = {dp_shard}', dp_shard)}; use -1 to give "
+            "FSDP every rank the other degrees leave",
             field="dp_shard",
             value=dp_shard,
             kind="degree_not_positive",
@@ -124,7 +126,8 @@ def _dp_shard_left(world_size: int, dp_replicate: int, cp: int, tp: int, pp: int
     dp_shard = world_size // (dp_replicate * cp * tp * pp)
     if dp_shard < 1:
         raise ParallelDimsSizeMismatchError(
-            f"dp_shard = -1 leaves no rank for FSDP: world_size = {world_size} is "
+            f"{arg('dp_shard', 'dp_shard = -1', -1)} leaves no rank for FSDP: "
+            f"{arg('world_size', f'world_size = {world_size}', world_size)} is "
             f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}; lower "
             "those degrees so that their product divides the world size",
             field="dp_shard",
