@@ -324,31 +324,8 @@ impl World {
     /// world of `global` ranks.
     pub fn placed(global: i128, offset: i128, modes: &[(i128, i128)]) -> Result<World> {
         let global = check_world_size(global)?;
-        let bad = |field: String, value: Value, detail: String| LayoutError::InvalidLayout {
-            field,
-            value,
-            detail,
-        };
-        if offset < 0 || offset >= global as i128 {
-            return Err(LayoutError::RankOutOfRange {
-                rank: offset,
-                world_size: global,
-            });
-        }
-        let mut checked = Vec::with_capacity(modes.len());
-        for (k, &(size, stride)) in modes.iter().enumerate() {
-            if size <= 0 || stride <= 0 || size > global as i128 || stride > global as i128 {
-                return Err(bad(
-                    format!("modes[{k}]"),
-                    Value::Ints(vec![size, stride]),
-                    format!(
-                        "mode ({size}, {stride}) needs a positive size and stride within the world of {global} ranks"
-                    ),
-                ));
-            }
-            checked.push(Mode::new(size as u64, stride as u64));
-        }
-        let slice = Slice::from_modes(offset as u64, &checked, global)?;
+        let limit = format!("within the world of {global} ranks");
+        let slice = Slice::bounded(offset, modes, global, &limit)?;
         if offset == 0 && slice.len() == global && slice.modes().len() <= 1 {
             return World::new(global as i128, None);
         }

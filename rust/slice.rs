@@ -42,31 +42,38 @@ impl Slice {
     /// modes must not overlap (sorted by stride, each stride at least the span of the modes inside
     /// it, so each rank appears once), and every rank must fit int32 (torch's ranks).
     pub fn new(offset: i128, modes: &[(i128, i128)]) -> Result<Slice> {
-        if offset < 0 || offset >= MAX_WORLD_SIZE as i128 {
+        let limit = format!("of at most {MAX_WORLD_SIZE} (ranks are int32)");
+        Slice::bounded(offset, modes, MAX_WORLD_SIZE, &limit)
+    }
+
+    /// [`Slice::new`] with every rank, size and stride below `bound` (a job's size), `limit`
+    /// saying so in the message about a mode that is not (e.g. "within the world of 8 ranks").
+    pub(crate) fn bounded(
+        offset: i128,
+        modes: &[(i128, i128)],
+        bound: u64,
+        limit: &str,
+    ) -> Result<Slice> {
+        if offset < 0 || offset >= bound as i128 {
             return Err(LayoutError::RankOutOfRange {
                 rank: offset,
-                world_size: MAX_WORLD_SIZE,
+                world_size: bound,
             });
         }
         let mut checked = Vec::with_capacity(modes.len());
         for (k, &(size, stride)) in modes.iter().enumerate() {
-            if size <= 0
-                || stride <= 0
-                || size > MAX_WORLD_SIZE as i128
-                || stride > MAX_WORLD_SIZE as i128
-            {
+            if size <= 0 || stride <= 0 || size > bound as i128 || stride > bound as i128 {
                 return Err(LayoutError::InvalidLayout {
                     field: format!("modes[{k}]"),
                     value: Value::Ints(vec![size, stride]),
                     detail: format!(
-                        "mode ({size}, {stride}) needs a positive size and stride of at most {MAX_WORLD_SIZE} \
-                         (ranks are int32)"
+                        "mode ({size}, {stride}) needs a positive size and stride {limit}"
                     ),
                 });
             }
             checked.push(Mode::new(size as u64, stride as u64));
         }
-        Slice::from_modes(offset as u64, &checked, MAX_WORLD_SIZE)
+        Slice::from_modes(offset as u64, &checked, bound)
     }
 
     /// The ranks `start, start + step, ...` (`len` of them), as Python's `range`.
