@@ -96,6 +96,13 @@ pub(crate) fn coalesce(modes: &[Mode]) -> Vec<Mode> {
     out
 }
 
+/// `modes` sorted by stride, largest first, with adjacent ones merged: the canonical form of the
+/// set of offsets they reach, whatever their order (what partitions are compared by).
+fn by_stride_coalesced(mut modes: Vec<Mode>) -> Vec<Mode> {
+    modes.sort_by_key(|m| std::cmp::Reverse(m.stride));
+    coalesce(&modes)
+}
+
 /// `axis ∘ (n : d)` for a compact right-hand layout: skip `d` elements of the axis (innermost
 /// first), then keep `n`. `None` when the sizes do not split the axis's modes evenly, which is
 /// exactly when torch's pycute composition raises.
@@ -1098,10 +1105,9 @@ impl Layout {
     /// so the key is the modes sorted by stride with adjacent ones merged. E.g. `dp x tp` of 8
     /// ranks flattened as `(tp, dp)` has modes `(4:1),(2:4)`; its key is `[(8:1)]`, the world.
     pub fn partition_key(&self, dim: usize) -> Result<Vec<Mode>> {
-        let axis = &self.axes[self.dim_index(dim as i128)?];
-        let mut sorted = axis.modes().to_vec();
-        sorted.sort_by_key(|m| std::cmp::Reverse(m.stride));
-        Ok(coalesce(&sorted))
+        Ok(by_stride_coalesced(
+            self.axes[self.dim_index(dim as i128)?].modes().to_vec(),
+        ))
     }
 
     /// The ranks of `rank`'s group along `dim` (who `get_group(dim)` connects), in mesh order.
@@ -1121,11 +1127,11 @@ impl Layout {
     /// [`Layout::group`]).
     pub fn group_slice(&self, rank: i128, dim: usize) -> Result<Option<Slice>> {
         let i = self.world.index_of(rank)?;
-        let key = self.partition_key(dim)?;
+        let axis = &self.axes[self.dim_index(dim as i128)?];
         if !self.world.is_identity() {
             return Ok(None);
         }
-        let axis = &self.axes[self.dim_index(dim as i128)?];
+        let key = by_stride_coalesced(axis.modes().to_vec());
         Slice::from_modes(i - axis.offset_part(i), &key, self.world.size).map(Some)
     }
 
@@ -1178,11 +1184,7 @@ impl Layout {
         if self.global_size() != other.global_size() || self.world.size != other.world.size {
             return false;
         }
-        let key = |l: &Layout| {
-            let mut modes = l.all_modes();
-            modes.sort_by_key(|m| std::cmp::Reverse(m.stride));
-            coalesce(&modes)
-        };
+        let key = |l: &Layout| by_stride_coalesced(l.all_modes());
         if self.world.same(&other.world) && key(self) == key(other) {
             return true;
         }

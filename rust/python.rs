@@ -295,6 +295,13 @@ fn axes_arg(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<(i128, i
     Ok(axes)
 }
 
+/// One list of `(size, stride)` modes (a placement's, a slice's), read as the one dim of
+/// [`axes_arg`] (so a fault is named as there: `axes[0][k]`).
+fn modes_arg(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Vec<(i128, i128)>> {
+    let list = PyList::new(py, [obj])?;
+    Ok(axes_arg(py, list.as_any())?.pop().unwrap_or_default())
+}
+
 /// Converts a 1-D sequence or array of integer ranks to a contiguous int64 numpy array.
 /// Non-integer entries (floats, bools, strings) and what numpy cannot read raise
 /// `ArgumentTypeError`; an array that is not 1-D and an entry beyond int64 raise
@@ -541,9 +548,7 @@ impl PyMeshLayout {
     ) -> PyResult<Self> {
         let size = int_arg(py, world_size, "world_size")?;
         let off = int_arg(py, offset, "offset")?;
-        let list = PyList::new(py, [modes])?;
-        let mut axes = axes_arg(py, list.as_any())?;
-        let modes = axes.pop().unwrap_or_default();
+        let modes = modes_arg(py, modes)?;
         guarded(py, || Layout::placed(size, off, &modes)).map(Self::wrap)
     }
 
@@ -1066,10 +1071,7 @@ impl PySlice {
         let off = int_arg(py, offset, "offset")?;
         let modes = match modes {
             None => Vec::new(),
-            Some(m) => {
-                let list = PyList::new(py, [m])?;
-                axes_arg(py, list.as_any())?.pop().unwrap_or_default()
-            }
+            Some(m) => modes_arg(py, m)?,
         };
         guarded(py, || Slice::new(off, &modes)).map(|inner| PySlice { inner })
     }

@@ -316,14 +316,9 @@ impl Slice {
         // Each mode frees the digits from its stride to its span's end; sorted by stride, with
         // touching ranges merged, they are a function of the rank set alone.
         let runs = |s: &Slice| -> Vec<(u128, u128)> {
-            let mut r: Vec<(u128, u128)> = s
-                .modes
-                .iter()
-                .map(|m| (m.stride as u128, m.size as u128 * m.stride as u128))
-                .collect();
-            r.sort();
-            let mut merged: Vec<(u128, u128)> = Vec::with_capacity(r.len());
-            for (start, end) in r {
+            let mut merged: Vec<(u128, u128)> = Vec::with_capacity(s.by_stride.len());
+            for (m, _) in s.by_stride.iter().rev() {
+                let (start, end) = (m.stride as u128, m.size as u128 * m.stride as u128);
                 match merged.last_mut() {
                     Some(last) if last.1 == start => last.1 = end,
                     _ => merged.push((start, end)),
