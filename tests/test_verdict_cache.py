@@ -9,13 +9,14 @@ check afresh, never trust the file. Every test points the cache at its own ``tmp
 
 from __future__ import annotations
 
-import json
+import ast
 import logging
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
+import zlib
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,39 @@ def counted(monkeypatch):
 
 
 def _the_file(directory: Path) -> Path:
-    (path,) = directory.glob("verdicts-*.json")
+    (path,) = directory.glob("verdicts-*")
     return path
+
+
+def _load(path: Path) -> dict[str, list]:
+    """The file's verdicts, name -> [key, reason], read with the module's own decoder."""
+    return {name: list(entry) for name, entry in _verdicts.decode(path.read_bytes()).items()}
+
+
+def _save(path: Path, verdicts: dict[str, list]) -> None:
+    """A whole, valid file holding ``verdicts`` (its CRC right), as another process could write."""
+    path.write_bytes(_verdicts.encode({name: tuple(entry) for name, entry in verdicts.items()}))
+
+
+def _facts(key: str) -> dict:
+    """A key's ``name=value`` lines as values, and its ``file`` lines as [path, size, mtime_ns]."""
+    facts: dict = {"files": []}
+    for line in key.splitlines():
+        if line.startswith("file "):
+            path, size, mtime = line[len("file ") :].rsplit(" ", 2)
+            facts["files"].append([ast.literal_eval(path), int(size), int(mtime)])
+        else:
+            name, _, value = line.partition("=")
+            facts[name] = ast.literal_eval(value)
+    return facts
+
+
+def _with_fact(key: str, name: str, value) -> str:
+    """``key`` with the fact ``name`` set to ``value``."""
+    lines = key.splitlines()
+    (i,) = [i for i, line in enumerate(lines) if line.startswith(name + "=")]
+    lines[i] = f"{name}={value!r}"
+    return "\n".join(lines)
 
 
 def _check(monkeypatch) -> bool:
@@ -87,12 +119,14 @@ def _check(monkeypatch) -> bool:
 def test_a_second_process_reads_neither_torchs_source_nor_probes(cache, counted, monkeypatch):
     assert _check(monkeypatch)
     assert counted["bodies"] == 1 and counted["probe"] == 1 and counted["source"] >= 1  # computed
-    doc = json.loads(_the_file(cache).read_text())
-    assert doc["format"] == _verdicts.FORMAT and doc["verdicts"][NEW_GROUP]["reason"] is None
-    key = doc["verdicts"][NEW_GROUP]["key"]
-    assert key["torch"][0] == torch.__version__ and key["rankmesh"] and key["python"] == sys.version
+    path = _the_file(cache)
+    assert path.read_bytes().startswith(b"rankmesh-verdicts %d " % _verdicts.FORMAT)
+    key, reason = _load(path)[NEW_GROUP]
+    assert reason is None
+    facts = _facts(key)
+    assert facts["torch"][0] == torch.__version__ and facts["rankmesh"] and facts["python"] == sys.version
     st = os.stat(c10d.__file__)
-    assert [c10d.__file__, st.st_size, st.st_mtime_ns] in key["files"]
+    assert [c10d.__file__, st.st_size, st.st_mtime_ns] in facts["files"]
 
     counted.update(source=0, bodies=0, probe=0)
     count = c10d._world.group_count
@@ -106,9 +140,9 @@ def test_a_cached_verdict_is_what_decides(cache, monkeypatch):
     process's verdict (it warns once and falls back), with nothing computed."""
     assert _check(monkeypatch)
     path = _the_file(cache)
-    doc = json.loads(path.read_text())
-    doc["verdicts"][NEW_GROUP]["reason"] = "a reason from the cache"
-    path.write_text(json.dumps(doc))
+    verdicts = _load(path)
+    verdicts[NEW_GROUP][1] = "a reason from the cache"
+    _save(path, verdicts)
     _new_process(monkeypatch)
     with fake_world(8, 3):
         with pytest.warns(RuntimeWarning, match="a reason from the cache"):
@@ -122,45 +156,66 @@ def _recomputes(directory: Path, monkeypatch, counted) -> bool:
 
 
 def _valid(path: Path) -> bool:
-    doc = json.loads(path.read_text())
-    return doc["verdicts"][NEW_GROUP]["reason"] is None
+    return _load(path)[NEW_GROUP][1] is None
+
+
+def _raw(body: bytes, form: int = _verdicts.FORMAT) -> bytes:
+    """A file of ``body`` under a header whose CRC is right (and format ``form``)."""
+    return b"rankmesh-verdicts %d %08x\n%s" % (form, zlib.crc32(body), body)
 
 
 @pytest.mark.parametrize(
     "damage",
-    ["garbage", "truncated", "empty", "not an object", "another format", "another torch", "another rankmesh",
-     "a reason that is not a string", "huge"],
+    ["garbage", "truncated", "empty", "a byte flipped", "another format", "another torch", "another rankmesh",
+     "a record of two fields", "a reason of neither form", "not UTF-8", "huge"],
 )
 def test_a_bad_file_is_never_trusted(cache, counted, monkeypatch, damage):
     assert _check(monkeypatch)
     path = _the_file(cache)
-    text = path.read_text()
-    doc = json.loads(text)
-    entry = doc["verdicts"][NEW_GROUP]
-    entry["reason"] = "stale: must not be used"  # whatever survives the damage must not be taken
+    verdicts = _load(path)
+    key = verdicts[NEW_GROUP][0]
+    verdicts[NEW_GROUP][1] = "stale: must not be used"  # whatever survives the damage must not be taken
+    stale = _verdicts.encode({name: tuple(entry) for name, entry in verdicts.items()})
+    record = f"{NEW_GROUP}\x1f{key}\x1f".encode()
     if damage == "garbage":
-        path.write_bytes(b"\x00\xffnot json at all")
+        path.write_bytes(b"\x00\xffnot a verdict file at all")
     elif damage == "truncated":
-        path.write_text(json.dumps(doc)[: len(text) // 2])
+        path.write_bytes(stale[: len(stale) // 2])
     elif damage == "empty":
-        path.write_text("")
-    elif damage == "not an object":
-        path.write_text(json.dumps([doc]))
+        path.write_bytes(b"")
+    elif damage == "a byte flipped":
+        at = stale.index(b"stale")
+        path.write_bytes(stale[:at] + b"S" + stale[at + 1 :])
     elif damage == "another format":
-        path.write_text(json.dumps({**doc, "format": _verdicts.FORMAT + 1}))
+        path.write_bytes(_raw(stale.partition(b"\n")[2], _verdicts.FORMAT + 1))
     elif damage == "another torch":
-        entry["key"]["torch"] = ["2.99.0", "0" * 40]
-        path.write_text(json.dumps(doc))
+        verdicts[NEW_GROUP][0] = _with_fact(key, "torch", ("2.99.0", "0" * 40))
+        _save(path, verdicts)
     elif damage == "another rankmesh":
-        entry["key"]["rankmesh"] = "99.0.0"
-        path.write_text(json.dumps(doc))
-    elif damage == "a reason that is not a string":
-        entry["reason"] = 0
-        path.write_text(json.dumps(doc))
+        verdicts[NEW_GROUP][0] = _with_fact(key, "rankmesh", "99.0.0")
+        _save(path, verdicts)
+    elif damage == "a record of two fields":
+        path.write_bytes(_raw(record[:-1]))
+    elif damage == "a reason of neither form":
+        path.write_bytes(_raw(record + b"0"))
+    elif damage == "not UTF-8":
+        path.write_bytes(_raw(record + b"+\xff\xfe"))
     else:
-        path.write_text(json.dumps(doc) + " " * (2 << 20))
+        verdicts[NEW_GROUP][1] = "x" * (2 << 20)
+        _save(path, verdicts)
     assert _recomputes(cache, monkeypatch, counted)
     assert _valid(path)  # rewritten whole
+
+
+def test_the_file_format_round_trips_and_keeps_separators_out():
+    verdicts = {"a": ("k1\nk2", None), "b": ("k3", "why\x1fnot\x1e"), "c": ("", "")}
+    back = _verdicts.decode(_verdicts.encode(verdicts))
+    assert back == {"a": ("k1\nk2", None), "b": ("k3", "why not "), "c": ("", "")}
+    assert _verdicts.decode(_verdicts.encode({})) == {}
+    with pytest.raises(ValueError, match="separator"):
+        _verdicts.encode({"a\x1fb": ("k", None)})
+    with pytest.raises(ValueError, match="separator"):
+        _verdicts.encode({"a": ("k\x1e", None)})
 
 
 def test_an_unreadable_file_recomputes_and_says_so_once_at_debug_level(cache, counted, monkeypatch, caplog):
@@ -198,7 +253,7 @@ def test_no_usable_directory_computes_in_memory(tmp_path, monkeypatch, counted, 
         counted.update(bodies=0, probe=0)
         with caplog.at_level(logging.DEBUG, logger="rankmesh"):
             assert _check(monkeypatch)
-            assert _verdicts.verdict("another check", {}, lambda: None, scope="another install") is None
+            assert _verdicts.verdict("another check", "", lambda: None, scope="another install") is None
         assert counted["bodies"] == 1 and counted["probe"] == 1
         said = [r for r in caplog.records if r.name == "rankmesh"]
         assert len(said) == (1 if how == "a file in the way" else 0) and all(r.levelno == logging.DEBUG for r in said)
@@ -226,9 +281,9 @@ def test_a_changed_torch_file_gives_a_new_verdict_never_the_stale_one(cache, cou
     (here: the same file with a new mtime) is checked afresh, whatever the old verdict said."""
     assert _check(monkeypatch)
     path = _the_file(cache)
-    doc = json.loads(path.read_text())
-    doc["verdicts"][NEW_GROUP]["reason"] = "stale: must not be used"
-    path.write_text(json.dumps(doc))
+    verdicts = _load(path)
+    verdicts[NEW_GROUP][1] = "stale: must not be used"
+    _save(path, verdicts)
     real_stat = os.stat
 
     class _Touched:
@@ -275,11 +330,12 @@ def test_the_split_verdict_is_keyed_by_the_accelerator(cache, monkeypatch):
     if fgc.SPLIT_SHAPE is None:  # torch's own split_group: decided without a check to keep
         assert not cache.exists()
         return
-    verdicts = json.loads(_the_file(cache).read_text())["verdicts"]
+    verdicts = _load(_the_file(cache))
     (name,) = [n for n in verdicts if n.startswith("split_group")]
     accelerator = torch.accelerator.current_accelerator()
-    assert verdicts[name]["key"]["accelerator"] == (accelerator and accelerator.type)
-    assert verdicts[name]["key"]["bound"] == "cuda" and verdicts[name]["reason"] is None
+    facts = _facts(verdicts[name][0])
+    assert facts["accelerator"] == (accelerator and accelerator.type)
+    assert facts["bound"] == "cuda" and verdicts[name][1] is None
 
 
 def test_rankmesh_disable_fast_groups_reads_and_writes_no_cache(cache, monkeypatch):
@@ -297,7 +353,7 @@ _WRITER = textwrap.dedent(
     for i in range(40):
         _verdicts.forget()
         want = f"{me % 2}:{i % 5}"
-        got = _verdicts.verdict(f"check {i % 5}", {"writer": me % 2, "i": i % 5}, lambda: want, scope="s")
+        got = _verdicts.verdict(f"check {i % 5}", f"writer={me % 2}\\ni={i % 5}", lambda: want, scope="s")
         assert got == want, got
     """
 )
@@ -314,11 +370,12 @@ def test_many_processes_writing_at_once_leave_a_valid_file(tmp_path, monkeypatch
     errors = [p.communicate(timeout=120)[1].decode() for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, errors
     path = Path(_verdicts.cache_file("s"))
-    doc = json.loads(path.read_text())
-    assert doc["format"] == _verdicts.FORMAT
-    for name, entry in doc["verdicts"].items():
-        writer, i = entry["key"]["writer"], entry["key"]["i"]
-        assert name == f"check {i}" and entry["reason"] == f"{writer}:{i}"
+    verdicts = _load(path)
+    assert len(verdicts) == 5
+    for name, (key, reason) in verdicts.items():
+        facts = _facts(key)
+        writer, i = facts["writer"], facts["i"]
+        assert name == f"check {i}" and reason == f"{writer}:{i}"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
 
 
@@ -340,7 +397,9 @@ def test_the_torch_compat_algebra_check_is_computed_once_per_install(cache, monk
     _verdicts.forget()  # a new process: the file answers
     assert _torch_compat._self_check() is None and len(runs) == 1
     key = _torch_compat._algebra_key()
-    key["files"][0][2] += 1  # torch's _mesh_layout.py touched
+    first = next(line for line in key.splitlines() if line.startswith("file "))
+    path, size, mtime = first.rsplit(" ", 2)
+    key = key.replace(first, f"{path} {size} {int(mtime) + 1}")  # torch's _mesh_layout.py touched
     monkeypatch.setattr(_torch_compat, "_algebra_key", lambda: key)
     _verdicts.forget()
     assert _torch_compat._self_check() is None and len(runs) == 2

@@ -191,15 +191,15 @@ def _kept_version(dep: Dependency) -> str | None:
         return None
     from rankmesh import _verdicts  # a leaf: no torch, nothing of rankmesh
 
-    stamps = []
+    lines = [f"distribution={dep.distribution!r}", f"python={sys.version!r}"]
     for entry in [file, *sys.path]:
         try:
             st = os.stat(entry or ".")
         except (OSError, TypeError, ValueError):
-            stamps.append([entry, None])
+            lines.append(f"path {entry!r} -")
             continue
-        stamps.append([entry, st.st_size if entry == file else None, st.st_mtime_ns])
-    key = {"distribution": dep.distribution, "python": sys.version, "paths": stamps}
+        lines.append(f"path {entry!r} {st.st_size if entry == file else '-'} {st.st_mtime_ns}")
+    key = "\n".join(lines)
     compute = functools.partial(_metadata_version, dep)
     return _verdicts.verdict(f"version {dep.distribution}", key, compute, scope=_verdicts.install_scope(file))
 

@@ -26,7 +26,6 @@ type. The in-process checks (the private names, the naming scheme) still run in 
 from __future__ import annotations
 
 import datetime
-import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +39,7 @@ from rankmesh import _verdicts
 from rankmesh._dependencies import release_of
 from rankmesh._native import hashed_group_name
 from rankmesh._once import warn_once
-from rankmesh._patch import KnownCode, resolve, verdict_scope
+from rankmesh._patch import KnownCode, verdict_scope
 
 __all__ = [
     "KNOWN_BODIES",
@@ -133,9 +132,14 @@ def _static_reason() -> str | None:
     """Why the fast paths may not run here, from what this process can see at no cost (the private
     names they use, a known naming scheme), or None. What the bodies and the probes decide is
     :func:`_checked`'s."""
-    missing = [f for f in _FUNCTIONS if not callable(getattr(c10d, f, None))]
+    missing = []
+    for f in _FUNCTIONS:  # loops: run by the first mesh of every process (see _verdict_key)
+        if not callable(getattr(c10d, f, None)):
+            missing.append(f)
     world = getattr(c10d, "_world", None)
-    missing += [f"_world.{t}" for t in _TABLES if not hasattr(world, t)]
+    for t in _TABLES:  # on the class where it is a property: not run, only found
+        if not hasattr(type(world), t) and not hasattr(world, t):
+            missing.append(f"_world.{t}")
     if missing:
         return f"torch.distributed lacks {missing}"
     if SCHEME is None:
@@ -174,29 +178,37 @@ _PROBED_OURS = (
 )
 
 
-def _code_of(obj: Any) -> tuple[str, Any]:
-    """``obj``'s qualified name and its code object (None for a class or a builtin)."""
-    fn = getattr(obj, "__func__", obj)
-    name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-    return name, getattr(fn, "__code__", None)
-
-
-def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> dict[str, Any] | None:
+def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> str | None:
     """What decides the ``path`` check's verdict (``"new_group"`` or ``"split_group"``): torch's
     release and build, Python's and rankmesh's versions, the bodies :data:`KNOWN_BODIES` lists and
     their hashes, every function the check reads or runs as this process has it (its name, file
     and first line: a wrapper or a replacement is another key; ``makers``, rankmesh's functions
     that make the probe's group, among them), and the size and mtime of every file they come from
-    (``os.stat``, nothing read). None when a file cannot be stat'ed (then nothing is cached)."""
+    (``os.stat``, nothing read). None when a file cannot be stat'ed (then nothing is cached).
+
+    Asked on the first mesh of every process, so it reads no more than it must: torch's functions
+    by name from ``distributed_c10d`` (:data:`_KEYED_TORCH`, the bodies' among them), and of
+    rankmesh's own only those replaced since this module was imported (the others are the code in
+    its file, whose size and mtime the key holds)."""
     import rankmesh
 
-    release = release_of("torch")
-    known = {p: KNOWN_BODIES[p].known() for p in (path, "new_group")}
-    objs = [getattr(dist, n, None) for n in ("new_group", "split_group")]
-    objs += [getattr(c10d, n, None) for n in _PROBED_TORCH + _FUNCTIONS + _SPLIT_FUNCTIONS]
-    objs += [inspect.unwrap(_resolved(n)) for p in known.values() for n in (p or {})]
+    # The first mesh of every process runs this: plain loops, no comprehension (each is a code
+    # object of its own, ~5 us the first time it runs: rankmesh._verdicts).
+    bodies = []
+    for p in dict.fromkeys((path, "new_group")):
+        known = KNOWN_BODIES[p].known()
+        hashes = []
+        for name, h in (known or {}).items():
+            hashes.append((name, sorted(h)))
+        bodies.append((p, hashes if known is not None else None))
     here = globals()
-    objs += [here[n] for n in _PROBED_OURS] + list(makers)
+    objs = [getattr(dist, "new_group", None), getattr(dist, "split_group", None)]
+    for name in _KEYED_TORCH:
+        objs.append(getattr(c10d, name, None))
+    for name, fn in _OURS.items():
+        if here[name] is not fn:  # replaced since import: keyed by what replaced it
+            objs.append(here[name])
+    objs += makers
     files = [c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)]
     code: list[Any] = []
     seen: set[int] = set()
@@ -204,31 +216,25 @@ def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> d
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        name, co = _code_of(obj)
-        if co is None:
+        fn = getattr(obj, "__func__", obj)
+        name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+        co = getattr(fn, "__code__", None)
+        if co is None:  # a class or a builtin: its name
             code.append(name)
             continue
         if co.co_filename not in files:
             files.append(co.co_filename)
-        code.append([name, files.index(co.co_filename), co.co_firstlineno])
+        code.append((name, files.index(co.co_filename), co.co_firstlineno))
     return _verdicts.code_key(
         files,
         check=path,
-        torch=[str(torch.__version__), str(getattr(torch.version, "git_version", ""))],  # str: cheap ==
+        torch=(str(torch.__version__), str(getattr(torch.version, "git_version", ""))),
         rankmesh=rankmesh.__version__,
-        release=release,
         scheme=SCHEME,
-        bodies={p: b and {n: sorted(h) for n, h in b.items()} for p, b in known.items()},
+        bodies=bodies,
         code=code,
         **extra,
     )
-
-
-def _resolved(path: str) -> Any:
-    try:
-        return resolve(path)
-    except (ImportError, AttributeError):
-        return None
 
 
 def _checked(
@@ -240,7 +246,9 @@ def _checked(
     key = _verdict_key(path, extra, makers)
     if key is None:
         return compute()
-    name = " ".join([path, *(f"{k}={v}" for k, v in extra.items())])  # e.g. "new_group backend=fake"
+    name = path
+    for k, v in extra.items():  # e.g. "new_group backend=fake"
+        name += f" {k}={v}"
     return _verdicts.verdict(name, key, compute, scope=verdict_scope("torch"))
 
 
@@ -539,3 +547,21 @@ def split_ok(split: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
     return _split_state[key]
 
 
+def _keyed_torch() -> tuple[str, ...]:
+    """The names of ``distributed_c10d`` the verdict key reads: what the probes run and the fast
+    paths use, and every body :data:`KNOWN_BODIES` lists (all of them c10d functions)."""
+    names = [*_PROBED_TORCH, *_FUNCTIONS, *_SPLIT_FUNCTIONS]
+    for known in KNOWN_BODIES.values():
+        for bodies in known.bodies.values():
+            for path in bodies:
+                module, _, name = path.rpartition(".")
+                if module != _C10D:  # pragma: no cover - a body added elsewhere must be keyed too
+                    raise ValueError(f"{path}: the start-up verdict's key reads functions of {_C10D} only")
+                names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+#: What :func:`_verdict_key` reads of torch, by name in ``distributed_c10d``.
+_KEYED_TORCH = _keyed_torch()
+#: rankmesh's own functions the probes run, as this module defines them (what its file holds).
+_OURS = {name: globals()[name] for name in _PROBED_OURS}

@@ -24,6 +24,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from rankmesh import _dependencies, _verdicts
 from rankmesh._once import warn_once
 
 __all__ = [
@@ -93,8 +94,11 @@ def resolve(path: str) -> Any:
     for i in range(len(parts), 0, -1):
         module = sys.modules.get(".".join(parts[:i]))
         if module is not None:
+            obj = module
             try:
-                return _attributes(module, parts[i:])
+                for name in parts[i:]:
+                    obj = getattr(obj, name)
+                return obj
             except AttributeError:
                 break  # a submodule not imported yet: the import machinery finds it
     for i in range(len(parts), 0, -1):
@@ -102,27 +106,29 @@ def resolve(path: str) -> Any:
             module = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
-        return _attributes(module, parts[i:])
+        obj = module
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
     raise ImportError(path)
-
-
-def _attributes(obj: Any, names: list[str]) -> Any:
-    for name in names:
-        obj = getattr(obj, name)
-    return obj
 
 
 def verdict_scope(dependency: str) -> str:
     """The verdict file (:mod:`rankmesh._verdicts`) of ``dependency``'s install: the folder its
     module is imported from (``.../site-packages/torch``) and Python's version, so every check of
     one install shares one file; its name and version where the module is not imported."""
-    from rankmesh import _dependencies, _verdicts
-
+    scope = _scopes.get(dependency)
+    if scope is not None:
+        return scope
     module = sys.modules.get(_dependencies.DEPENDENCIES[dependency].module)
     file = getattr(module, "__file__", None)
-    if isinstance(file, str) and os.path.dirname(file):
-        return _verdicts.install_scope(file)
+    if isinstance(file, str) and os.sep in file:
+        scope = _scopes[dependency] = _verdicts.install_scope(file)  # where it was imported from: fixed
+        return scope
     return f"{dependency} {_dependencies.version(dependency)} {sys.version}"
+
+
+_scopes: dict[str, str] = {}
 
 
 class KnownCode:
@@ -145,9 +151,7 @@ class KnownCode:
     """
 
     def __init__(self, dependency: str, bodies: dict[str, dict[str, frozenset[str]]], *, reader: str = "rankmesh"):
-        from rankmesh._dependencies import DEPENDENCIES
-
-        read = [r for r in bodies if not DEPENDENCIES[dependency].supports(r)]
+        read = [r for r in bodies if not _dependencies.DEPENDENCIES[dependency].supports(r)]
         if read:
             raise ValueError(f"{dependency} {read} is not among the releases rankmesh._dependencies lists")
         self.dependency = dependency
@@ -162,10 +166,8 @@ class KnownCode:
 
     def release(self) -> str | None:
         """The release of :attr:`releases` the installed version belongs to, or None."""
-        from rankmesh import _dependencies
-
         installed = _dependencies.version(self.dependency)
-        return None if installed is None else _dependencies.release_in(installed, self.releases)
+        return None if installed is None else _dependencies.release_in(installed, tuple(self.bodies))
 
     def known(self) -> dict[str, frozenset[str]] | None:
         """The bodies of the installed release (:meth:`release`), or None."""
@@ -180,36 +182,40 @@ class KnownCode:
         return self._unread() or self._bodies_reason()
 
     def _unread(self) -> str | None:
-        from rankmesh._dependencies import unsupported
-
-        return unsupported(self.dependency, self.releases, reader=self.reader)
+        return _dependencies.unsupported(self.dependency, tuple(self.bodies), reader=self.reader)
 
     def _bodies_reason(self) -> str | None:
+        # The first mesh of every process runs this: plain loops, no comprehension or helper
+        # (each is a code object of its own, ~5 us the first time it runs: rankmesh._verdicts).
         known = self.known() or {}
         fns = {}
+        codes = []
         for path in known:
             try:
-                fns[path] = resolve(path)
+                fn = resolve(path)
             except (ImportError, AttributeError):
                 return f"{path} does not exist"
+            fns[path] = fn
+            codes.append(_code(fn))
         if not fns:
             return None
-        from rankmesh import _verdicts  # a leaf too
-
         # Asked again in this process (the self-check, then the patch): the same functions' code
         # objects and the same hashes known give the same answer, without building the key.
-        codes = tuple(_code(fn) for fn in fns.values())
         seen = self._seen
-        if seen is not None and seen[:2] == (_verdicts.generation(), known) and _same(seen[2], codes):
-            return seen[3]
-        key = _bodies_key(dict(zip(fns, codes)), {p: sorted(h) for p, h in known.items()})
+        if seen is not None and seen[0] == _verdicts.generation() and seen[1] == known:
+            same = len(seen[2]) == len(codes)
+            for a, b in zip(seen[2], codes):
+                same = same and a is b
+            if same:
+                return seen[3]
+        key = _bodies_key(fns, codes, known)
         if key is None:
             reason = _hashes_reason(fns, known)
         else:
             name = "bodies " + " ".join(sorted(fns))
             compute = functools.partial(_hashes_reason, fns, known)
             reason = _verdicts.verdict(name, key, compute, scope=verdict_scope(self.dependency))
-        self._seen = (_verdicts.generation(), dict(known), codes, reason)
+        self._seen = (_verdicts.generation(), dict(known), tuple(codes), reason)
         return reason
 
     def __repr__(self) -> str:
@@ -218,12 +224,10 @@ class KnownCode:
 
 def _code(fn: Any) -> Any:
     """The code object of ``fn`` as rankmesh hashes it (unwrapped), or ``fn`` itself where it has none."""
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    fn = getattr(fn, "__func__", fn)
+    if hasattr(fn, "__wrapped__"):
+        fn = inspect.unwrap(fn)
     return getattr(fn, "__code__", fn)
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _hashes_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str | None:
@@ -239,19 +243,22 @@ def _hashes_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str
     return None
 
 
-def _bodies_key(codes: dict[str, Any], known: dict[str, list[str]]) -> dict[str, Any] | None:
+def _bodies_key(fns: dict[str, Any], codes: list[Any], known: dict[str, frozenset[str]]) -> str | None:
     """What decides :meth:`KnownCode.recognise`'s body check, without reading a source file: the
-    hashes known, and each function as this process has it (``codes``: dotted path -> :func:`_code`;
-    file, first line, the file's size and mtime); None when one has no code or its file cannot be
-    stat'ed (then the bodies are hashed)."""
-    from rankmesh._verdicts import code_key
-
+    hashes known, and each function as this process has it (``codes``: :func:`_code` of each of
+    ``fns``; file, first line, the file's size and mtime); None when one has no code or its file
+    cannot be stat'ed (then the bodies are hashed)."""
     code = []
-    for path, co in codes.items():
+    files = []
+    hashes = []
+    for path, co in zip(fns, codes):
         if not isinstance(co, types.CodeType):
             return None
-        code.append([path, co.co_filename, co.co_firstlineno])
-    return code_key(sorted({c[1] for c in code}), known=known, code=code)
+        code.append((path, co.co_filename, co.co_firstlineno))
+        if co.co_filename not in files:
+            files.append(co.co_filename)
+        hashes.append((path, sorted(known[path])))
+    return _verdicts.code_key(sorted(files), known=hashes, code=code)
 
 
 #: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches`, ``fast_groups``

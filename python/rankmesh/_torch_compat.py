@@ -72,6 +72,7 @@ from torch.distributed._mesh_layout import _MeshLayout as TorchMeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.device_mesh import _normalize_backend_override as normalize_backend_override
 
+from rankmesh import _verdicts
 from rankmesh._dependencies import unsupported, warn_unsupported
 from rankmesh._patch import KnownCode, verdict_scope
 
@@ -351,15 +352,23 @@ def _self_check() -> str | None:
     reason = unsupported("torch")
     if reason is not None:
         return reason
-    missing = [m for m in _REQUIRED_METHODS if not callable(getattr(DeviceMesh, m, None))]
-    fields = set(getattr(DeviceMesh, "__annotations__", {})) | set(_code_names(DeviceMesh.__init__))
-    missing += [f for f in _REQUIRED_FIELDS if f not in fields]
-    missing += [
-        f"{field} (read by {method})"
-        for field, method in _READ_FIELDS
-        if field not in _code_names(getattr(DeviceMesh, method, None))
-    ]
-    missing += [f"Tensor.{f}" for f in _TENSOR_FIELDS if not hasattr(torch.Tensor, f)]
+    # Run by the first mesh of every process: plain loops, no comprehension (each is a code object
+    # of its own, ~5 us the first time it runs: rankmesh._verdicts).
+    missing = []
+    for method in _REQUIRED_METHODS:
+        if not callable(getattr(DeviceMesh, method, None)):
+            missing.append(method)
+    fields = set(getattr(DeviceMesh, "__annotations__", {}))
+    fields.update(_code_names(DeviceMesh.__init__))
+    for field in _REQUIRED_FIELDS:
+        if field not in fields:
+            missing.append(field)
+    for field, method in _READ_FIELDS:
+        if field not in _code_names(getattr(DeviceMesh, method, None)):
+            missing.append(f"{field} (read by {method})")
+    for field in _TENSOR_FIELDS:
+        if not hasattr(torch.Tensor, field):
+            missing.append(f"Tensor.{field}")
     if missing:
         return f"torch {torch.__version__}'s DeviceMesh lacks {missing}"
     concatenate = CONCATENATE_CODE.recognise()
@@ -368,39 +377,39 @@ def _self_check() -> str | None:
     key = _algebra_key()
     if key is None:
         return _algebra_reason()
-    from rankmesh import _verdicts
-
     return _verdicts.verdict("torch_compat algebra", key, _algebra_reason, scope=verdict_scope("torch"))
 
 
 def _code_names(fn: object) -> tuple[str, ...]:
     """The names ``fn``'s code reads or sets (``co_names``: attributes and globals), torch's own
     where rankmesh's replacement wraps it; empty for no function."""
-    fn = inspect.unwrap(getattr(fn, "__func__", fn)) if fn is not None else None
+    fn = getattr(fn, "__func__", fn)
+    if hasattr(fn, "__wrapped__"):
+        fn = inspect.unwrap(fn)
     return getattr(getattr(fn, "__code__", None), "co_names", ())
 
 
-def _algebra_key() -> dict | None:
+def _algebra_key() -> str | None:
     """What decides :func:`_algebra_reason`: torch's and rankmesh's versions and the size and
     mtime of the files of both algebras (torch's ``_mesh_layout`` and ``_pycute``, rankmesh's
     native module and this file), read with ``os.stat`` only; None when one cannot be stat'ed."""
-    import torch.distributed._mesh_layout as mesh_layout
-
     import rankmesh
 
     native = sys.modules.get("rankmesh._native")
-    files = [mesh_layout.__file__, __file__, getattr(native, "__file__", None)]
+    files = [sys.modules[TorchMeshLayout.__module__].__file__, __file__, getattr(native, "__file__", None)]
     pycute = sys.modules.get("torch.distributed._pycute")
     if pycute is not None:  # the package and the modules it imports (no listdir: ~0.03 ms)
         inside = pycute.__name__ + "."
         files.append(pycute.__file__)
-        modules = [m for m in vars(pycute).values() if isinstance(m, types.ModuleType)]
-        files += sorted(m.__file__ for m in modules if m.__name__.startswith(inside))
-    from rankmesh._verdicts import code_key
-
-    return code_key(
+        modules = []
+        for value in vars(pycute).values():  # a loop: no comprehension to run cold (_self_check)
+            if isinstance(value, types.ModuleType) and value.__name__.startswith(inside):
+                modules.append(value.__file__)
+        modules.sort()
+        files += modules
+    return _verdicts.code_key(
         files,
-        torch=[str(torch.__version__), str(getattr(torch.version, "git_version", ""))],
+        torch=(str(torch.__version__), str(getattr(torch.version, "git_version", ""))),
         rankmesh=rankmesh.__version__,
     )
 
