@@ -5,7 +5,7 @@ rankmesh's start-up checks (:mod:`rankmesh._fast_groups_check`, the self-check's
 :class:`rankmesh._patch.KnownCode`: the hashes of torch's function bodies, read from torch's
 source, and the registry probe) give the same answer in every process that runs the same code:
 every rank of a job, every job on a node.
-:func:`verdict` keeps each answer in a small JSON file under the per-user cache directory, next
+:func:`verdict` keeps each answer in a small text file under the per-user cache directory, next
 to the *key* that decided it: the caller's, as text (:func:`code_key`: torch's release, rankmesh's
 and Python's versions, the size and mtime of every source file involved, which functions, ...).
 A later process whose key is equal takes the answer without computing it; any difference in the
