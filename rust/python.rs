@@ -1030,6 +1030,23 @@ fn hashed_group_name(
     Ok(py.detach(|| crate::hashes::group_name_hash(ranks, salt)))
 }
 
+/// The members of a group (an int32 array) as a tuple of ints that Python's cycle collector does
+/// not track. A tuple of ints can hold no reference cycle, and CPython untracks such a tuple itself
+/// at the first collection that sees it, after walking it three times; a rank table's members
+/// (thousands of ranks per group) are made in a process's first mesh build, whose allocations set
+/// off that collection, so they are handed over untracked.
+#[pyfunction]
+fn member_tuple<'py>(
+    py: Python<'py>,
+    ranks: PyReadonlyArray1<'py, i32>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let members = PyTuple::new(py, ranks.as_array().iter().copied())?;
+    // SAFETY: `members` is a live tuple this function just made, and it holds ints only (no
+    // references a cycle could run through), which is when CPython untracks a tuple itself.
+    unsafe { pyo3::ffi::PyObject_GC_UnTrack(members.as_ptr().cast()) };
+    Ok(members)
+}
+
 /// A set of distinct ranks as one value: `offset + sum(digit_k(i) * stride_k)` over `(size,
 /// stride)` modes (see `rankmesh.Slice`'s docs), validated once; every query a method.
 #[pyclass(module = "rankmesh", name = "Slice", frozen, eq, hash)]
@@ -1228,6 +1245,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySlice>()?;
     m.add_function(wrap_pyfunction!(_restore, m)?)?;
     m.add_function(wrap_pyfunction!(hashed_group_name, m)?)?;
+    m.add_function(wrap_pyfunction!(member_tuple, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add("MAX_WORLD_SIZE", crate::error::MAX_WORLD_SIZE)?;
     // the one version: Cargo.toml's, which maturin also gives the Python package

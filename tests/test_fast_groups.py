@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import warnings
 
 import numpy as np
@@ -76,6 +77,9 @@ def test_registry_entries_equal_torchs_new_group(world_rank_members, backend, ti
         assert _entries(ours) == _entries(theirs)
         lazy = len(members) >= fg.LAZY_TABLE_MIN
         assert type(w.pg_group_ranks[ours]) is (fg.RankTable if lazy else dict)
+        if lazy:  # its members kept as a tuple of ints the cycle collector does not walk
+            kept = w.pg_group_ranks[ours]._members
+            assert type(kept) is tuple and kept == tuple(members.tolist()) and not gc.is_tracked(kept)
         assert ours is not theirs and w.pg_names[ours] != w.pg_names[theirs]
         assert dist.get_process_group_ranks(ours) == members.tolist()
         assert dist.get_group_rank(ours, rank) == members.tolist().index(rank)

@@ -207,6 +207,23 @@ def test_a_bad_file_is_never_trusted(cache, counted, monkeypatch, damage):
     assert _valid(path)  # rewritten whole
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1, 2 * 65536 + 7])
+def test_a_file_longer_than_one_read_is_read_whole(cache, counted, monkeypatch, extra):
+    """The file is read in one ``os.read`` of up to ``_CHUNK`` bytes, more only after a full one:
+    a valid file of exactly one chunk, one byte either side, or several chunks answers as written."""
+    assert _check(monkeypatch)
+    path = _the_file(cache)
+    verdicts = _load(path)
+    verdicts["filler"] = ["k", "+"]
+    base = len(_verdicts.encode({name: tuple(entry) for name, entry in verdicts.items()}))
+    verdicts["filler"] = ["k", "+" + "x" * (_verdicts._CHUNK + extra - base)]
+    _save(path, verdicts)
+    assert path.stat().st_size == _verdicts._CHUNK + extra
+    counted.update(source=0, bodies=0, probe=0)
+    assert _check(monkeypatch)
+    assert counted == {"source": 0, "bodies": 0, "probe": 0}  # taken from the file, nothing computed
+
+
 def test_the_file_format_round_trips_and_keeps_separators_out():
     verdicts = {"a": ("k1\nk2", None), "b": ("k3", "why\x1fnot\x1e"), "c": ("", "")}
     back = _verdicts.decode(_verdicts.encode(verdicts))

@@ -406,3 +406,14 @@ def hashed_group_name(ranks: npt.NDArray[np.int32], salt: int) -> str:
     >>> hashed_group_name(np.array([0, 4, 8], dtype=np.int32), 7) == hashlib.sha1(b"0_4_8_7").hexdigest()
     True
     """
+
+def member_tuple(ranks: npt.NDArray[np.int32]) -> tuple[int, ...]:
+    """The ranks of a 1-D int32 array as a tuple of ints that Python's cycle collector does not
+    track (a tuple of ints holds no cycle; CPython untracks one itself at the first collection that
+    walks it). A group's rank table keeps its members this way.
+
+    >>> import gc, numpy as np
+    >>> t = member_tuple(np.array([0, 4, 8], dtype=np.int32))
+    >>> t, gc.is_tracked(t), gc.is_tracked(tuple([0, 4, 8]))
+    ((0, 4, 8), False, True)
+    """
