@@ -115,8 +115,9 @@ def resolve(path: str) -> Any:
 
 def verdict_scope(dependency: str) -> str:
     """The verdict file (:mod:`rankmesh._verdicts`) of ``dependency``'s install: the folder its
-    module is imported from (``.../site-packages/torch``) and Python's version, so every check of
-    one install shares one file; its name and version where the module is not imported."""
+    module is installed in (``.../site-packages``: :func:`rankmesh._verdicts.install_scope`) and
+    Python's version, so every check of one environment shares one file; its name and version
+    where the module is not imported."""
     scope = _scopes.get(dependency)
     if scope is not None:
         return scope

@@ -15,8 +15,9 @@ trusted blindly:
 - the directory is ``$RANKMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/rankmesh``, else
   ``~/.cache/rankmesh`` (read once per process); ``RANKMESH_CACHE_DIR=`` (set, empty) turns the
   cache off (every process computes, as without it);
-- one file per torch install (``verdicts-<16 hex digits>``, from the caller's ``scope``), so two
-  environments sharing a home do not overwrite each other's answers; read once per process. It is
+- one file per environment (``verdicts-<16 hex digits>``, from the caller's ``scope``: the folder
+  torch, spmd_types, ... are installed in, :func:`install_scope`), so two environments sharing a
+  home do not overwrite each other's answers; read once per process. It is
   text: a header line ``rankmesh-verdicts <format> <CRC-32 of the rest>``, then one record per
   check, ``name US key US reason`` (``US``: the unit separator ``\x1f``; reason ``-`` for None,
   ``+`` and the reason otherwise), records separated by ``\x1e``;
@@ -106,9 +107,18 @@ def cache_dir() -> str | None:
 
 
 def install_scope(module_file: str) -> str:
-    """The ``scope`` of the install a module was imported from: its folder and Python's version, so
-    every check of one install (``.../site-packages/torch``) shares one file."""
-    return f"{module_file.rpartition(os.sep)[0]} {sys.version}"
+    """The ``scope`` of the environment a module was imported from: the folder it is installed in
+    (``.../site-packages`` for ``.../site-packages/torch/__init__.py`` or ``.../site-packages/six.py``)
+    and Python's version, so the checks of every package of one environment (torch's, spmd_types',
+    ...) share one file, read once per process, and two environments sharing a home do not.
+
+        >>> install_scope("/venv/lib/site-packages/torch/__init__.py").split()[0]
+        '/venv/lib/site-packages'
+    """
+    folder, _, name = module_file.rpartition(os.sep)
+    if name.startswith("__init__."):  # a package: the folder it sits in
+        folder = folder.rpartition(os.sep)[0]
+    return f"{folder} {sys.version}"
 
 
 def cache_file(scope: str) -> str | None:
