@@ -224,9 +224,10 @@ _generation = 0
 def _read(path: str, *, again: bool = False) -> dict[str, tuple[str, str | None]]:
     """The verdicts in ``path`` by name, ``(key, reason)``; empty when there is no usable file.
     Read once per process (a copy another process has replaced since can only miss, never answer
-    wrongly: every entry is taken only under an equal key); ``again`` (before a write, to keep the
-    other entries) opens it again, and decodes it again only when its size, mtime or inode changed
-    (``os.replace`` gives every write a new inode)."""
+    wrongly: every entry is taken only under an equal key), with no ``stat``; ``again`` (before a
+    write, to keep the other entries) opens it again, and decodes it again unless its size, mtime
+    and inode are those of the copy last decoded with ``again`` (``os.replace`` gives every write a
+    new inode)."""
     seen = _files.get(path)
     if seen is not None and not again:
         return seen[1]
