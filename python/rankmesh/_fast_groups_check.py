@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -210,31 +209,22 @@ def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> s
         if here[name] is not fn:  # replaced since import: keyed by what replaced it
             objs.append(here[name])
     objs += makers
-    files = [c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)]
-    where: dict[Any, int] = {}  # file -> its first place in files
-    for i, file in enumerate(files):
-        where.setdefault(file, i)
+    files: dict[Any, int] = {}  # file -> its place in the key's list of files, in that order
+    for file in (c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)):
+        files.setdefault(file, len(files))
     code: list[Any] = []
     seen: set[int] = set()
     for obj in objs:
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if type(obj) is types.FunctionType:  # nearly all: plain attributes, no lookup that misses
-            name = f"{obj.__module__}.{obj.__qualname__}"
-            co = obj.__code__
-        else:
-            fn = getattr(obj, "__func__", obj)
-            name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-            co = getattr(fn, "__code__", None)
+        fn = getattr(obj, "__func__", obj)
+        name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+        co = getattr(fn, "__code__", None)
         if co is None:  # a class or a builtin: its name
             code.append(name)
             continue
-        i = where.get(co.co_filename)
-        if i is None:
-            i = where[co.co_filename] = len(files)
-            files.append(co.co_filename)
-        code.append((name, i, co.co_firstlineno))
+        code.append((name, files.setdefault(co.co_filename, len(files)), co.co_firstlineno))
     return _verdicts.code_key(
         files,
         check=path,

@@ -84,9 +84,8 @@ _log = logging.getLogger("rankmesh")
 _lock = threading.Lock()
 # (file, name) -> (key, reason): what this process computed or read, so it asks the file once.
 _memory: dict[tuple[str | None, str], tuple[str, str | None]] = {}
-# file -> ((size, mtime_ns, inode), its verdicts): several checks share one file, read and parsed
-# once per process (:func:`_read`).
-_files: dict[str, tuple[tuple[int, int, int], dict[str, tuple[str, str | None]]]] = {}
+# file -> its verdicts: several checks share one file, read and parsed once per process (:func:`_read`).
+_files: dict[str, dict[str, tuple[str, str | None]]] = {}
 _said = False  # the one debug message about a cache that cannot be used
 
 
@@ -223,23 +222,15 @@ _generation = 0
 
 def _read(path: str, *, again: bool = False) -> dict[str, tuple[str, str | None]]:
     """The verdicts in ``path`` by name, ``(key, reason)``; empty when there is no usable file.
-    Read once per process (a copy another process has replaced since can only miss, never answer
-    wrongly: every entry is taken only under an equal key), with no ``stat``; ``again`` (before a
-    write, to keep the other entries) opens it again, and decodes it again unless its size, mtime
-    and inode are those of the copy last decoded with ``again`` (``os.replace`` gives every write a
-    new inode)."""
+    Read once per process, with no ``stat`` (a copy another process has replaced since can only
+    miss, never answer wrongly: every entry is taken only under an equal key); ``again`` (before a
+    write, to keep the other entries) reads it anew."""
     seen = _files.get(path)
     if seen is not None and not again:
-        return seen[1]
+        return seen
     try:
         fd = os.open(path, os.O_RDONLY)  # no io stack
         try:
-            stamp = _NO_STAMP
-            if again:  # only a write asks again: decode again only when the file changed since
-                st = os.fstat(fd)
-                stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-                if seen is not None and seen[0] == stamp:
-                    return seen[1]
             data = more = os.read(fd, _CHUNK)  # a verdict file (a few kB) is one read
             while len(more) == _CHUNK and len(data) <= _MAX_BYTES:  # a full read: there may be more
                 more = os.read(fd, _CHUNK)
@@ -249,14 +240,12 @@ def _read(path: str, *, again: bool = False) -> dict[str, tuple[str, str | None]
     except OSError as e:
         if not isinstance(e, FileNotFoundError):
             _debug(f"rankmesh: start-up check cache {path} not read ({type(e).__name__}: {e}); checking afresh")
-        _files[path] = (_NO_STAMP, {})
+        _files[path] = {}
         return {}
-    verdicts = decode(data)
-    _files[path] = (stamp, verdicts)
+    verdicts = _files[path] = decode(data)
     return verdicts
 
 
-_NO_STAMP = (-1, -1, -1)  # a file read without its stat: a write decodes it again
 _CHUNK = 1 << 16  # below malloc's mmap threshold: no mmap/munmap pair for a few kB
 
 _MAGIC = b"rankmesh-verdicts"
@@ -319,7 +308,7 @@ def _store(path: str, name: str, entry: tuple[str, str | None]) -> None:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
-            _files[path] = (_NO_STAMP, verdicts)  # what this process reads from now on
+            _files[path] = verdicts  # what this process reads from now on
         except BaseException:
             try:
                 os.unlink(tmp)
