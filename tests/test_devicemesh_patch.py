@@ -183,9 +183,14 @@ def test_restore_puts_torch_back_everywhere():
 
 def test_rankmesh_accelerate_is_the_one_line():
     import rankmesh
+    from rankmesh import switch
 
-    assert rankmesh.accelerate is devicemesh.accelerate
-    assert set(rankmesh.accelerate()) == {"init_process_groups", "init_device_mesh"}
+    assert rankmesh.accelerate is switch.accelerate and rankmesh.restore is switch.restore
+    try:
+        assert set(rankmesh.accelerate()) >= {"init_process_groups", "init_device_mesh"}
+    finally:
+        rankmesh.restore()
+    assert not devicemesh.INIT_PROCESS_GROUPS.installed and not devicemesh.INIT_DEVICE_MESH.installed
 
 
 def test_disable_keeps_each_patch_out(monkeypatch):

@@ -45,7 +45,6 @@ from rankmesh.errors import (  # noqa: E402
     RankmeshError,
     SizeMismatchError,
     UnknownNameError,
-    UnsupportedVersionError,
 )
 from rankmesh.megatron import model_parallel_layout  # noqa: E402
 from rankmesh.megatron import parallel_state as _megatron_init  # noqa: E402
@@ -453,15 +452,30 @@ def test_grid_errors_are_typed_and_megatrons_class(monkeypatch):
     assert issubclass(GroupExistsError, KeyError) and issubclass(ParallelConfigError, RuntimeError)
 
 
-def test_an_unsupported_megatron_core_after_the_documented_assignment_is_refused_not_recursed(monkeypatch):
-    """README's one-line route (parallel_state.initialize_model_parallel = rankmesh's) leaves no
-    stock function to fall back to: a clear error, never a RecursionError."""
-    monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: "0.15.2")
+def test_an_unsupported_megatron_core_after_the_documented_assignment_runs_megatrons_own(monkeypatch):
+    """The assignment route (parallel_state.initialize_model_parallel = rankmesh's) on a release
+    rankmesh has not read, or with an argument of a newer release: megatron-core's own function,
+    found again from its source (rankmesh.megatron.route.megatron_own), gives its own answers and its
+    own exceptions; never rankmesh's refusal, never a recursion."""
+    kw = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2)
+    stock, n_stock, _ = run(ps.initialize_model_parallel, 8, 5, kw)
+    own = ps.initialize_model_parallel
+    monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(ps, "initialize_model_parallel", rm.initialize_model_parallel)
-    with fake_world(8, 0, MESHFAKE):
-        with pytest.raises(UnsupportedVersionError, match="remove the assignment") as e:
-            ps.initialize_model_parallel(tensor_model_parallel_size=2)
-    assert (e.value.field, e.value.value) == ("megatron-core", "0.15.2")
+    with pytest.warns(RuntimeWarning, match="gtp_remat_size, which rankmesh does not model"):
+        with fake_world(8, 0, MESHFAKE), pytest.raises(TypeError, match="gtp_remat_size") as e:
+            ps.initialize_model_parallel(tensor_model_parallel_size=2, gtp_remat_size=1)
+    with pytest.raises(TypeError) as stock_error:
+        own(gtp_remat_size=1)
+    assert str(e.value) == str(stock_error.value)  # megatron-core 0.16's own refusal of 0.19's keyword
+    monkeypatch.setattr(_megatron_init, "megatron_core_version", lambda: "0.19.1")
+    with pytest.warns(RuntimeWarning, match=r"megatron-core 0\.19\.1 is not a version rankmesh has read"):
+        routed, n_routed, _ = run(lambda **k: ps.initialize_model_parallel(**k), 8, 5, kw)
+    assert not snap.diff(stock, routed) and n_routed == n_stock  # megatron-core's answers, all its groups
+    with fake_world(8, 0, MESHFAKE), pytest.raises(RuntimeError) as e:
+        ps.initialize_model_parallel(tensor_model_parallel_size=3)  # megatron-core's own check
+    assert not isinstance(e.value, RankmeshError)
+    assert not ps.model_parallel_is_initialized()
 
 
 def test_create_pg_takes_megatrons_keywords_only(monkeypatch):

@@ -57,9 +57,9 @@ from rankmesh.topology import rank_map_from_hosts, topology_report
 
 if TYPE_CHECKING:
     from rankmesh.consistency import check_consistency
-    from rankmesh.devicemesh import accelerate
     from rankmesh.mesh import FastDeviceMesh, from_group, init_device_mesh
     from rankmesh.process_groups import BuildReport, MeshBuilder
+    from rankmesh.switch import accelerate, restore
     from rankmesh.torchtitan.parallel_dims import ParallelDims
 
 from rankmesh._native import __version__ as __version__  # Cargo.toml's, built into the extension
@@ -73,7 +73,8 @@ _LAZY = {
     "MeshBuilder": "rankmesh.process_groups",
     "BuildReport": "rankmesh.process_groups",
     "check_consistency": "rankmesh.consistency",
-    "accelerate": "rankmesh.devicemesh",
+    "accelerate": "rankmesh.switch",
+    "restore": "rankmesh.switch",
 }
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
@@ -85,6 +86,7 @@ __all__ = [
     "Slice",
     # torch layer and conventions
     "accelerate",
+    "restore",
     "init_device_mesh",
     "from_group",
     "FastDeviceMesh",

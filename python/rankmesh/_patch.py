@@ -270,6 +270,7 @@ SWITCHES: frozenset[str] = frozenset(
         "concatenate",
         "spmd_axis_le",
         "torchtitan",
+        "megatron",
         "megatron_fsdp",
         "init_process_groups",
         "init_device_mesh",
@@ -315,7 +316,8 @@ class Patch:
             still torch's function; rankmesh's fast meshes are on), else the reason it does not.
         wrap: ``staticmethod`` or ``None``: how the replacement is stored on a class.
         aliases: modules that re-export the attribute (``torch.distributed.init_device_mesh``):
-            where one holds the original, it gets the replacement too, and is restored with it.
+            where one is imported and holds the original, it gets the replacement too, and is
+            restored with it (one imported later binds the replacement by itself).
     """
 
     def __init__(
@@ -416,9 +418,9 @@ class Patch:
             replacement = self._wrap(fn) if self._wrap is not None else fn
             setattr(holder, self.attribute, replacement)
             self._holder, self._original, self._replacement = holder, original, replacement
-            for alias in self.aliases:
-                module = importlib.import_module(alias)
-                if module.__dict__.get(self.attribute) is original:
+            for alias in self.aliases:  # one imported later binds the replacement itself
+                module = sys.modules.get(alias)
+                if module is not None and module.__dict__.get(self.attribute) is original:
                     setattr(module, self.attribute, replacement)
             return True
 

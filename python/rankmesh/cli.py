@@ -191,7 +191,7 @@ def _version() -> str:
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="rankmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=_version(), help="print rankmesh's version and exit")
-    sub = p.add_subparsers(dest="command", metavar="{plan,bench}")
+    sub = p.add_subparsers(dest="command", metavar="{plan,status,run,bench}")
     sub.required = True
     q = sub.add_parser(
         "plan",
@@ -236,12 +236,19 @@ def _parser() -> argparse.ArgumentParser:
         "--dim", default=None,
         help="dim to colour in the picture: tp or mesh.dim (default tp; with --mesh, the shades in each mesh)",
     )
+    sub.add_parser(
+        "status",
+        help="say which patches the switch (RANKMESH_ACCELERATE=1) installs in this environment, and why not",
+        description="For this environment, without starting a job: whether RANKMESH_ACCELERATE turns the switch "
+        "on, and for each patch and fast path whether it is on, ready (its framework's release and bodies are "
+        "recognised) or off, and why.",
+    )
     # listed for --help only: main() hands `bench ...` and `run ...` on before parsing
     sub.add_parser("bench", help="benchmark against stock torch (rankmesh.bench); arguments pass through")
     sub.add_parser(
         "run",
-        help="run a command (e.g. torchrun ...) with RANKMESH_ACCELERATE=1: every Python process it starts builds "
-        "torch's meshes through rankmesh's patches, with no change to the script",
+        help="run a command (e.g. torchrun ...) with RANKMESH_ACCELERATE=1: every Python process it starts gets "
+        "every rankmesh patch (torch's DeviceMesh, torchtitan, Megatron), with no change to the script",
     )
     return p
 
@@ -461,6 +468,34 @@ def _run(command: list[str]) -> int:
     return 0  # pragma: no cover - execvp does not return
 
 
+def _status(out: TextIO) -> int:
+    """``rankmesh status``: the switch's value, then one row per patch and fast path
+    (:func:`rankmesh.switch.status`)."""
+    import warnings
+
+    from rankmesh import switch
+
+    raw = os.environ.get("RANKMESH_ACCELERATE")
+    try:
+        from _rankmesh_autostart import parse
+    except ImportError:  # a source tree: the start-up module is not installed, so the variable does nothing
+        out.write("RANKMESH_ACCELERATE does nothing here: rankmesh's start-up module is not installed (no wheel)\n")
+    else:
+        verdict = parse(raw)
+        if raw is None:
+            out.write("RANKMESH_ACCELERATE is not set: the switch is off (rankmesh.accelerate() turns it on)\n")
+        else:
+            word = {True: "on", False: "off", None: "off (neither on nor off: 1/true/yes/on or 0/false/no/off)"}
+            out.write(f"RANKMESH_ACCELERATE={raw!r}: the switch is {word[verdict]}\n")
+    with warnings.catch_warnings():  # the frameworks' import-time chatter; the reasons are in the rows
+        warnings.simplefilter("ignore")
+        rows = switch.status()
+    width = max(len(r[0]) for r in rows)
+    for name, target, state, why in rows:
+        out.write(f"{name:<{width}}  {state:<5}  {target}\n{'':<{width}}         {why}\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``rankmesh`` command; returns the exit status (0 ok, 2 bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -478,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return int(e.code or 0)
+    if args.command == "status":
+        return _status(sys.stdout)
     try:
         return _plan(args, sys.stdout)
     except BadInput as e:

@@ -21,12 +21,16 @@ too: W one-rank groups). Two patches of :mod:`rankmesh.patches` take that work a
   ``torch.distributed.init_device_mesh``) with :func:`rankmesh.init_device_mesh` under torch's
   size-1 rule: the mesh and everything derived from it (slices, ``_flatten``, ``_unflatten``)
   stay O(group size), where torch's own ``DeviceMesh.__init__`` still makes a W-long tuple and
-  searches the rank map per mesh. A framework that bound the name before the patch keeps
-  torch's function (and still gets the first patch); ``RANKMESH_ACCELERATE=1`` in the
-  environment installs both before any framework is imported (:mod:`rankmesh._autostart`).
+  searches the rank map per mesh. torch's own re-exports of the name follow it; a module outside
+  torch that bound the name before the patch keeps torch's function (and still gets the first
+  patch: ``rankmesh.accelerate()`` warns, naming it); ``RANKMESH_ACCELERATE=1`` in the
+  environment installs both the moment torch's ``device_mesh`` has run, before anything can bind
+  the name (``_rankmesh_autostart``, :mod:`rankmesh.switch`).
 
-:func:`accelerate` installs both; :func:`restore` (or ``rankmesh.patches.restore_all()``) undoes
-them; ``RANKMESH_DISABLE=init_process_groups,init_device_mesh`` keeps them out.
+The one switch (:func:`rankmesh.accelerate`, ``RANKMESH_ACCELERATE=1``) installs both, with every
+framework's patches; :func:`accelerate` here installs these two alone; :func:`restore` (or
+``rankmesh.patches.restore_all()``) undoes them; ``RANKMESH_DISABLE=init_process_groups,init_device_mesh``
+keeps them out.
 
 Example: rank 5 of 8 on the fake backend, a plain torch mesh with the patch in place::
 
@@ -281,7 +285,15 @@ INIT_DEVICE_MESH = Patch(
         },
         reader="this patch",
     ),
-    aliases=("torch.distributed",),
+    # torch's own re-exports of the name (FSDP2's fully_shard makes its default mesh with it); a
+    # module outside torch that bound it early is warned about by rankmesh.accelerate()
+    aliases=(
+        "torch.distributed",
+        "torch.distributed.tensor",
+        "torch.distributed.tensor.device_mesh",
+        "torch.distributed._tensor",
+        "torch.distributed.fsdp._fully_shard._fsdp_init",
+    ),
 )
 
 #: The general patches, in the order :func:`accelerate` installs them.
@@ -289,15 +301,15 @@ PATCHES: tuple[Patch, ...] = (INIT_PROCESS_GROUPS, INIT_DEVICE_MESH)
 
 
 def accelerate() -> list[str]:
-    """Install every general patch (``rankmesh.accelerate()``); returns the names in place.
+    """Install the two patches of torch's ``DeviceMesh`` (the one switch, ``rankmesh.accelerate()``,
+    installs them with every framework's); returns the names in place.
 
     Idempotent; a torch the patches do not recognise keeps its own functions, with one warning
     each. Call it before a framework imports ``init_device_mesh`` (or set ``RANKMESH_ACCELERATE=1``
     for the whole job): a name bound earlier stays torch's, whose meshes still get the
     ``init_process_groups`` patch.
 
-        >>> import rankmesh
-        >>> sorted(rankmesh.accelerate())
+        >>> sorted(accelerate())
         ['init_device_mesh', 'init_process_groups']
         >>> restore()
     """

@@ -14,8 +14,9 @@ versions and which exact function bodies it recognises, whether it is installed,
   ``install()`` then returns False without a warning.
 
     >>> import rankmesh.patches as patches
-    >>> sorted(patches.REGISTRY)
-    ['concatenate', 'init_device_mesh', 'init_process_groups', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
+    >>> sorted(patches.REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
+    ['concatenate', 'init_device_mesh', 'init_process_groups', 'megatron', 'megatron_fsdp',
+     'spmd_axis_le', 'torchtitan']
     >>> p = patches.get("concatenate")
     >>> p.target, p.installed in (True, False)
     ('torch.distributed.device_mesh.DeviceMesh._concatenate', True)
@@ -26,7 +27,7 @@ from __future__ import annotations
 from rankmesh import devicemesh, mesh, torchtitan
 from rankmesh._patch import Patch, disabled, source_hash
 from rankmesh.errors import UnknownNameError
-from rankmesh.megatron import fsdp
+from rankmesh.megatron import fsdp, route
 from rankmesh.torchtitan import spmd_axis
 
 __all__ = ["REGISTRY", "Patch", "disabled", "get", "installed", "restore_all", "source_hash"]
@@ -34,7 +35,8 @@ __all__ = ["REGISTRY", "Patch", "disabled", "get", "installed", "restore_all", "
 
 #: Every patch rankmesh can install, by name.
 REGISTRY: dict[str, Patch] = {
-    p.name: p for p in (mesh.CONCATENATE, spmd_axis.PATCH, torchtitan.PATCH, fsdp.PATCH, *devicemesh.PATCHES)
+    p.name: p
+    for p in (mesh.CONCATENATE, spmd_axis.PATCH, torchtitan.PATCH, route.PATCH, fsdp.PATCH, *devicemesh.PATCHES)
 }
 
 

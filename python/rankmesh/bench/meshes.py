@@ -17,10 +17,12 @@ fake backend, one fresh process per measurement standing in for one rank:
 - ``torchtitan``: the installed torchtitan 0.3.0 itself (needs ``pip install torchtitan==0.3.0``):
   ``ParallelDims(...).build_mesh()`` with its default ``spmd_backend``, then every 1-D mesh,
   ``spmd_meshes()`` and the FSDP meshes (dense and MoE); torch = stock, rankmesh = the same
-  code under :func:`rankmesh.torchtitan.accelerate` (no ``etp`` in 0.3.0).
-- ``megatron``: megatron-core 0.16's ``parallel_state.initialize_model_parallel`` (tp=8 pp=4 cp=2
-  ep=8 etp=1, dp = world/64, no gloo twins on either side: gloo cannot run on the fake store) vs
-  :func:`rankmesh.megatron.initialize_model_parallel`; "meshes" counts the group globals set.
+  code in a worker started with ``RANKMESH_ACCELERATE=1`` (the one switch, no code change; no
+  ``etp`` in 0.3.0).
+- ``megatron``: megatron-core 0.16's own ``parallel_state.initialize_model_parallel`` call (tp=8
+  pp=4 cp=2 ep=8 etp=1, dp = world/64, no gloo twins on either side: gloo cannot run on the fake
+  store), stock beside the same call under ``RANKMESH_ACCELERATE=1`` (routed to
+  :func:`rankmesh.megatron.initialize_model_parallel`); "meshes" counts the group globals set.
 - ``torch_api``: the general road, every framework that builds meshes with torch's own API:
   transformers 5.24's two 4-D ``init_device_mesh`` calls (size-1 dims kept), a ``_flatten`` and
   the slices a trainer fetches (:func:`torch_api_recipe`); torch = stock, rankmesh = the same
@@ -28,9 +30,9 @@ fake backend, one fresh process per measurement standing in for one rank:
   patches).
 - one recipe per framework in :mod:`rankmesh.bench.frameworks` (transformers, accelerate, ...;
   each needs its release installed): the framework's **own** mesh-building call, as it calls it,
-  and the slices it takes; torch = stock, rankmesh = the same call with :func:`rankmesh.accelerate`
-  installed before the framework is imported (as ``RANKMESH_ACCELERATE=1`` does; its one-time
-  checks count towards the first build). ``new_group`` path only.
+  and the slices it takes; torch = stock, rankmesh = the same call in a worker started with
+  ``RANKMESH_ACCELERATE=1`` (the time its hooks spend installing patches during the imports,
+  :func:`rankmesh.switch.install_seconds`, counts towards the first build). ``new_group`` path only.
 - ``reform_parallel_dims``, ``reform_megatron``, ``reform_fsdp``: re-forming every mesh after a
   failure (issue 36): a spare takes the place of rank W/3 of a job of W + 1 and the survivors
   are renumbered in order; rankmesh = :func:`rankmesh.recovery.hot_spare` + ``activate()`` + the
@@ -79,7 +81,7 @@ from typing import Any, Callable
 
 from rankmesh._dependencies import available
 from rankmesh.bench.frameworks import FRAMEWORKS
-from rankmesh.bench.points import CONFIG, IMPLS, NOT_MEASURABLE, PATHS, RECIPES, REFORM_RECIPES
+from rankmesh.bench.points import CONFIG, IMPLS, NOT_MEASURABLE, PATHS, RECIPES, REFORM_RECIPES, SWITCHED
 from rankmesh.bench.report import (
     _fmt_s,
     # The next five lived here before rankmesh.bench.report and stay importable from here
@@ -189,29 +191,33 @@ def _bound_device(path: str, impl: str):
 
 
 def _build_torchtitan(impl: str, world: int) -> int:
-    """torchtitan 0.3.0's own build, stock or accelerated; returns the number of meshes fetched."""
+    """torchtitan 0.3.0's own build (under the switch on the rankmesh side: :func:`_check_switch`);
+    returns the number of meshes fetched."""
     import torchtitan.distributed.parallel_dims as tpd
-
-    import rankmesh.torchtitan as rt
 
     tpd.device_type = "cpu"  # torchtitan falls back to "cuda" without an accelerator
     pd = tpd.ParallelDims(**{k: v for k, v in CONFIG.items() if k != "etp"}, world_size=world)
-    with rt.accelerate() if impl == "rankmesh" else contextlib.nullcontext():
-        pd.build_mesh()
+    pd.build_mesh()
     meshes = [*pd.get_all_one_dimensional_meshes().values(), *pd.spmd_meshes()]
     meshes += [pd.get_optional_mesh(["dp_replicate", "dp_shard"]), pd.get_optional_mesh(["dp_replicate", "efsdp"])]
     return sum(m is not None for m in meshes)
 
 
 def _build_megatron(impl: str, world: int) -> int:
-    """megatron-core's initialize_model_parallel, stock or rankmesh's; returns the groups set."""
+    """megatron-core's own ``parallel_state.initialize_model_parallel`` call (routed by the switch on
+    the rankmesh side: :func:`_check_switch`); returns the groups set."""
     from megatron.core import parallel_state as ps
 
-    import rankmesh.megatron as rm
+    from rankmesh.megatron import route
 
     if ps.model_parallel_is_initialized():  # the warm-up's
         ps.destroy_model_parallel()
-    (rm.initialize_model_parallel if impl == "rankmesh" else ps.initialize_model_parallel)(**MEGATRON)
+    init = ps.initialize_model_parallel
+    if impl == "rankmesh" and not route.PATCH.installed:  # reform_megatron's worker: rankmesh's own call
+        import rankmesh.megatron as rm
+
+        init = rm.initialize_model_parallel
+    init(**MEGATRON)
     import torch.distributed as dist
 
     return sum(isinstance(v, dist.ProcessGroup) for v in vars(ps).values())
@@ -305,6 +311,25 @@ def _build(impl: str, recipe: str, world: int) -> int:
     return sum(get(r) is not None for r in all_requests())
 
 
+def _check_switch(impl: str, recipe: str) -> float:
+    """For a recipe of :data:`SWITCHED`: that its worker got the switch (its framework's patch in
+    place on the rankmesh side, none on stock's), so no figure is a silent fallback; returns the
+    seconds the switch spent installing patches in this process (0 on stock's side)."""
+    if recipe not in SWITCHED:
+        return 0.0
+    from rankmesh import switch
+
+    want = {"torchtitan": "torchtitan", "megatron": "megatron"}.get(recipe, "init_process_groups")
+    installed = {p.name for p in switch.patches() if p.installed}
+    if (want in installed) != (impl == "rankmesh"):
+        state = "in place" if want in installed else "not in place"
+        raise RuntimeError(
+            f"{impl} worker of {recipe}: the switch's patch {want!r} is {state} ({sorted(installed)}); "
+            f"RANKMESH_ACCELERATE={os.environ.get('RANKMESH_ACCELERATE')!r}"
+        )
+    return switch.install_seconds()
+
+
 def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     """One measurement in this process: the cold first build, then the warm second one."""
     import torch
@@ -333,18 +358,14 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
         import rankmesh.megatron.groups  # noqa: F401
         import rankmesh.megatron.parallel_state  # noqa: F401  (imported by the first call otherwise)
 
-    startup = 0.0
     if recipe in FRAMEWORKS:
         import importlib
 
-        import rankmesh.devicemesh as general
-
-        if impl == "rankmesh":  # before the framework's import, as RANKMESH_ACCELERATE=1 does;
-            t0 = time.perf_counter()  # its one-time checks count towards the first build
-            general.accelerate()
-            startup = time.perf_counter() - t0
         for module in FRAMEWORKS[recipe].imports:
             importlib.import_module(module)
+    # the switch's patches were installed by the imports (not timed): their one-time checks count
+    # towards the first build
+    startup = _check_switch(impl, recipe)
 
     init_fake_world(world, rank)
     with _bound_device(path, impl):
@@ -418,10 +439,16 @@ def measure_split_call(world: int) -> dict:
     return {"world": world, **{k: statistics.median(v) if v else None for k, v in times.items()}}
 
 
-def _run_worker(args: list[str], cache: str | None = None) -> dict:
-    """One worker process; ``cache``: the folder rankmesh keeps its start-up check verdicts in."""
+def _run_worker(args: list[str], cache: str | None = None, *, switch: bool = False) -> dict:
+    """One worker process; ``cache``: the folder rankmesh keeps its start-up check verdicts in;
+    ``switch``: started with ``RANKMESH_ACCELERATE=1`` (else without the variable, whatever this
+    process has)."""
     cmd = [sys.executable, "-m", "rankmesh.bench.meshes", *args]
-    env = None if cache is None else {**os.environ, "RANKMESH_CACHE_DIR": cache}
+    env = {k: v for k, v in os.environ.items() if k != "RANKMESH_ACCELERATE"}
+    if cache is not None:
+        env["RANKMESH_CACHE_DIR"] = cache
+    if switch:
+        env["RANKMESH_ACCELERATE"] = "1"
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
@@ -537,7 +564,8 @@ def _measure_points(
                         shutil.rmtree(cache, ignore_errors=True)
                     for i in range(n + fresh):
                         worker = ["--worker", impl, "--recipe", recipe, "--path", path, "--world", str(world)]
-                        s = _run_worker([*worker, "--rank", str(args.rank)], cache)
+                        switch = impl == "rankmesh" and recipe in SWITCHED
+                        s = _run_worker([*worker, "--rank", str(args.rank)], cache, switch=switch)
                         s["fresh"] = fresh and i == 0
                         samples.append(s)
                         print(

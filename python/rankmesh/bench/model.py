@@ -4,7 +4,9 @@
 torchtitan 0.3.0 installed, :mod:`rankmesh.bench.titan_workloads`; with megatron-core 0.16,
 :mod:`rankmesh.bench.megatron_fsdp`) for one rank, ``W/2 + 3``, of worlds 2^12, 2^17 and 2^20 on
 the fake backend, once on stock torch's meshes and once on rankmesh's, in a fresh process per
-measurement, twice in that process:
+measurement, twice in that process. The torchtitan workloads' rankmesh side is the one switch
+alone: torchtitan's own Trainer steps in a worker started with ``RANKMESH_ACCELERATE=1``, nothing of
+rankmesh called (the others call rankmesh's meshes, or its Megatron-FSDP patch, by name):
 
 - **cold**: the first call, what a trainer waits for (it builds its meshes once per process): the
   modules the workload uses are imported first (imports are not counted), everything else is, the
@@ -144,11 +146,12 @@ def measure(impl: str, name: str, world: int, *, warm: bool = True) -> dict:
     _import_everything(name)
     fn = _workloads()[name]
     rank = world // 2 + 3
-    cold, cold_total, cold_pgs, cold_rss = _one(impl, fn, world, rank)
+    side = "switch" if impl == "rankmesh" and _switched(name) else impl  # no rankmesh call in the run
+    cold, cold_total, cold_pgs, cold_rss = _one(side, fn, world, rank)
     cold_phases = dict(cold.phases)
     if warm:
         del cold
-        run, total, pgs, rss = _one(impl, fn, world, rank)
+        run, total, pgs, rss = _one(side, fn, world, rank)
     else:
         run, total, pgs, rss = cold, cold_total, cold_pgs, cold_rss
     return {
@@ -167,9 +170,19 @@ def measure(impl: str, name: str, world: int, *, warm: bool = True) -> dict:
     }
 
 
-def _run_worker(args: list[str]) -> dict:
+def _switched(name: str) -> bool:
+    """Whether the rankmesh side of workload ``name`` is the one switch alone: torchtitan's own
+    Trainer steps in a worker started with ``RANKMESH_ACCELERATE=1``, no rankmesh call in them."""
+    return name.startswith("titan_")
+
+
+def _run_worker(args: list[str], *, switch: bool = False) -> dict:
+    """One worker process, with ``RANKMESH_ACCELERATE=1`` when ``switch`` (else without it)."""
     cmd = [sys.executable, "-m", "rankmesh.bench.model", *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = {k: v for k, v in os.environ.items() if k != "RANKMESH_ACCELERATE"}
+    if switch:
+        env["RANKMESH_ACCELERATE"] = "1"
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -342,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 n = args.repeats if impl != "torch" or world < 2**17 else 1
                 for _ in range(n):
-                    s = _run_worker(["--worker", impl, "--workload", name, "--world", str(world)])
+                    worker = ["--worker", impl, "--workload", name, "--world", str(world)]
+                    s = _run_worker(worker, switch=impl == "rankmesh" and _switched(name))
                     samples.append(s)
                     ph = " ".join(f"{k}={_fmt_s(v)}" for k, v in s["phases"].items())
                     print(

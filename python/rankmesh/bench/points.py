@@ -14,6 +14,9 @@ IMPLS = ("rankmesh", "torch")
 #: torch rebuilds it with its own code.
 REFORM_RECIPES = ("reform_parallel_dims", "reform_megatron", "reform_fsdp")
 RECIPES = ("parallel_dims", "titan030", "torchtitan", "megatron", "torch_api", *FRAMEWORKS, *REFORM_RECIPES)
+#: Recipes whose rankmesh side is the one switch alone: a worker started with RANKMESH_ACCELERATE=1
+#: runs the framework's own code, as stock does, with nothing of rankmesh in it.
+SWITCHED = ("torchtitan", "megatron", *FRAMEWORKS)
 PATHS = ("new_group", "split_group")
 #: Points stock code cannot run on the fake backend, with why (shown as "–" in the tables).
 NOT_MEASURABLE = {

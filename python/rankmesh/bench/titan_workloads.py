@@ -3,7 +3,8 @@
 
 Each runs the steps of torchtitan's ``Trainer.__init__`` up to the parallelised model, in its
 order, with the mesh built by torchtitan's ``ParallelDims.build_mesh()`` on stock torch
-(``impl="torch"``) or under :func:`rankmesh.torchtitan.accelerate` (``impl="rankmesh"``):
+(``impl="torch"``), under :func:`rankmesh.torchtitan.accelerate` (``impl="rankmesh"``), or with no
+rankmesh call at all in a process that ``RANKMESH_ACCELERATE=1`` started (``impl="switch"``):
 
 1. ``ParallelDims.from_config(config.parallelism, W).build_mesh()``  -> phase ``mesh``
 2. ``set_spmd_backend``, ``model_config.update_from_config(config=config)`` (this installs the
@@ -85,8 +86,10 @@ def run_titan(impl: str, world: int, config: Any, *, rank: int | None = None) ->
 
     import rankmesh.torchtitan as rt
 
-    if impl not in ("torch", "rankmesh"):
-        raise ValueError(f"impl must be 'rankmesh' or 'torch', got {impl!r}")
+    if impl not in ("torch", "rankmesh", "switch"):
+        raise ValueError(f"impl must be 'rankmesh', 'switch' or 'torch', got {impl!r}")
+    if impl == "switch" and not rt.is_accelerated():
+        raise RuntimeError("the switch is not on in this process: run it with RANKMESH_ACCELERATE=1")
     run = Run()
     torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed does
     accel = rt.accelerate() if impl == "rankmesh" else contextlib.nullcontext()

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rankmesh._check import as_sequence, check_str
-from rankmesh._dependencies import DEPENDENCIES, install_hint, unsupported, warn_unsupported
+from rankmesh._dependencies import DEPENDENCIES, install_hint, unsupported
 from rankmesh._dependencies import version as dependency_version
-from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError, UnsupportedVersionError
+from rankmesh._once import warn_once
+from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError
 from rankmesh.megatron.parallel_state_groups import MUST_BE_UNSET, Checked, make_groups
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "destroy_model_parallel",
     "last_build_report",
     "megatron_core_version",
+    "megatron_own",
     "parallel_state",
 ]
 
@@ -60,31 +62,49 @@ def parallel_state():
     return ps
 
 
-def _stock(ps: Any, version: str, args: dict[str, Any]) -> None:
-    """megatron-core's own ``initialize_model_parallel`` with the arguments the caller gave a
-    value other than rankmesh's default (megatron-core keeps its own defaults for the rest, and
-    refuses what it does not know), after the policy's one warning."""
+def _stock(ps: Any, reason: str, args: dict[str, Any], newer: dict[str, Any]) -> None:
+    """megatron-core's own ``initialize_model_parallel`` (:func:`megatron_own`:
+    found even where rankmesh's was assigned over it) with the arguments the caller gave a value other
+    than rankmesh's default (megatron-core keeps its own defaults for the rest) and every argument
+    rankmesh does not model (megatron-core refuses what it does not know), after one warning."""
     import inspect
 
-    unread = unsupported("megatron-core", installed=version)
-    stock = ps.initialize_model_parallel
-    if getattr(stock, "__module__", None) == __name__:  # parallel_state's own was replaced by this one
-        raise UnsupportedVersionError(
-            f"{unread}, and parallel_state.initialize_model_parallel is rankmesh's, so there is no stock "
-            "function left to run; remove the assignment that put rankmesh's there, or install megatron-core "
-            f"{', '.join(_RELEASES)}",
-            field="megatron-core",
-            value=version,
-        )
-    warn_unsupported(
-        "megatron-core",
-        unread,
-        "rankmesh.megatron.initialize_model_parallel calls megatron-core's own (every group of the job on "
-        "every rank, as without rankmesh)",
+    warn_once(
+        ("megatron stock", reason),
+        f"rankmesh: {reason}; rankmesh.megatron.initialize_model_parallel calls megatron-core's own (every group "
+        "of the job on every rank, as without rankmesh)",
         stacklevel=4,
     )
     defaults = {k: p.default for k, p in inspect.signature(initialize_model_parallel).parameters.items()}
-    stock(**{k: v for k, v in args.items() if _given(v, defaults[k])})
+    megatron_own(ps)(**{k: v for k, v in args.items() if _given(v, defaults[k])}, **newer)
+
+
+def megatron_own(ps: Any) -> Callable[..., Any]:
+    """megatron-core's own ``initialize_model_parallel`` of the module ``ps``: the attribute, or the
+    first function that is not rankmesh's along its ``__wrapped__`` chain (the ``"megatron"`` patch
+    keeps the function it replaced there), else the ``def`` in ``ps``'s source file run again in
+    ``ps``'s own globals, so that it reads and sets the same module state (after
+    ``parallel_state.initialize_model_parallel = rankmesh.megatron.initialize_model_parallel``)."""
+    fn = ps.__dict__.get("initialize_model_parallel")
+    while fn is not None and str(getattr(fn, "__module__", "")).startswith("rankmesh."):
+        fn = getattr(fn, "__wrapped__", None)  # functools.wraps of rankmesh's takes its module too
+    if fn is not None:
+        return fn
+    file = ps.__file__
+    key = (file, os.stat(file).st_mtime_ns)
+    if key not in _compiled:
+        import ast
+
+        with open(file, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=file)
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "initialize_model_parallel")
+        namespace: dict[str, Any] = {}
+        exec(compile(ast.Module(body=[node], type_ignores=[]), file, "exec"), ps.__dict__, namespace)  # noqa: S102
+        _compiled[key] = namespace["initialize_model_parallel"]
+    return _compiled[key]
+
+
+_compiled: dict[tuple[str, int], Callable[..., Any]] = {}
 
 
 def _given(value: Any, default: Any) -> bool:
@@ -119,6 +139,7 @@ def initialize_model_parallel(
     high_priority_stream_groups: list[str] | None = None,
     sharp_enabled_group: str | None = None,
     create_all_gather_group: bool | None = False,
+    **newer: Any,
 ):
     """megatron-core 0.16's ``parallel_state.initialize_model_parallel`` (same arguments, same
     checks, same state afterwards), creating only the caller's groups, in O(group size).
@@ -143,8 +164,11 @@ def initialize_model_parallel(
       megatron-core.
 
     Returns the :class:`~rankmesh.BuildReport` of the groups created (megatron-core returns
-    None). A megatron-core outside the releases ``rankmesh._dependencies`` lists gets
-    megatron-core's own function (and None back), after one ``RuntimeWarning``. Errors, raised before any group
+    None). A megatron-core outside the releases ``rankmesh._dependencies`` lists, or an argument of
+    a newer release (``gtp_remat_size``), gets megatron-core's own function with the call as made
+    (and None back), after one ``RuntimeWarning``: its answers and its exceptions, never rankmesh's.
+    That holds after ``parallel_state.initialize_model_parallel = rankmesh.megatron.initialize_model_parallel``
+    too (:func:`megatron_own`). Errors, raised before any group
     exists: :class:`~rankmesh.MegatronStateError`
     (torch.distributed not initialised, model parallelism already initialised; also an
     ``AssertionError``), :class:`~rankmesh.ParallelConfigError` (a ``RuntimeError``, where
@@ -163,10 +187,13 @@ def initialize_model_parallel(
         8
     """
     args = dict(locals())  # every keyword as given: written once, in the signature
+    newer = args.pop("newer")
     ps = parallel_state()
-    version = megatron_core_version()
-    if not DEPENDENCIES["megatron-core"].supports(version):
-        _stock(ps, version, args)
+    reason = unsupported("megatron-core", installed=megatron_core_version())
+    if reason is None and newer:
+        reason = f"initialize_model_parallel got {', '.join(sorted(newer))}, which rankmesh does not model"
+    if reason is not None:
+        _stock(ps, reason, args, newer)
         return None
     c = _check(ps, args)
     new, hybrid, builder = make_groups(c)
