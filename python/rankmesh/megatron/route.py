@@ -27,6 +27,7 @@ from typing import Any
 
 from rankmesh._once import warn_once
 from rankmesh._patch import KnownCode, Patch
+from rankmesh.megatron import parallel_state
 
 __all__ = ["CODE", "PATCH"]
 
@@ -59,8 +60,6 @@ CODE = KnownCode(
 
 def _modelled() -> frozenset[str]:
     """The arguments rankmesh's ``initialize_model_parallel`` models (its named parameters)."""
-    from rankmesh.megatron import parallel_state
-
     params = inspect.signature(parallel_state.initialize_model_parallel).parameters.values()
     return frozenset(p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD)
 
@@ -83,8 +82,6 @@ def _make(original: Callable[..., Any]) -> Callable[..., Any]:
                 stacklevel=2,
             )
             return original(*args, **kwargs)
-        from rankmesh.megatron import parallel_state
-
         parallel_state.initialize_model_parallel(**arguments)
         return None
 
