@@ -37,7 +37,11 @@ def _child(code: str, accelerate: str | None, *args: object, timeout_s: float = 
     JSON object its last line prints."""
     out = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
-        env=child_env(accelerate), capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+        env=child_env(accelerate),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -79,8 +83,9 @@ with warnings.catch_warnings(record=True) as caught:
     rankmesh.accelerate()
 print([str(w.message) for w in caught if "bound" in str(w.message)])
 """
-    out = subprocess.run([sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(None), capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "__main__ bound init_device_mesh before the call" in out.stdout, out.stdout
     assert "RANKMESH_ACCELERATE=1" in out.stdout
@@ -98,8 +103,9 @@ print(dm.init_device_mesh.__qualname__)
 
 
 def _probe(value: str | None, level: str = "default") -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-c", PROBE, level], env=child_env(value), capture_output=True,
-                         text=True, timeout=120, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, level], env=child_env(value), capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert out.returncode == 0, out.stderr
     return out
 
@@ -107,8 +113,17 @@ def _probe(value: str | None, level: str = "default") -> subprocess.CompletedPro
 @needs_autostart
 @pytest.mark.parametrize(
     "value, on",
-    [("1", True), ("true", True), ("YES", True), (" On ", True),
-     ("0", False), ("false", False), ("No", False), ("OFF", False), ("", False)],
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        (" On ", True),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        ("OFF", False),
+        ("", False),
+    ],
 )
 def test_the_variable_reads_on_and_off_words_case_insensitively(value, on):
     out = _probe(value)
@@ -147,8 +162,9 @@ with warnings.catch_warnings(record=True) as caught:
 print(ps.initialize_model_parallel.__module__, [str(w.message) for w in caught if "rankmesh" in str(w.message)])
 """
     pytest.importorskip("megatron.core")
-    out = subprocess.run([sys.executable, "-c", code], env=child_env("1"), capture_output=True, text=True,
-                         timeout=240, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=child_env("1"), capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("megatron.core.parallel_state ")
     for module in ("megatron.core.parallel_state", "megatron.core.distributed.fsdp.mcore_fsdp_adapter"):
@@ -157,8 +173,9 @@ print(ps.initialize_model_parallel.__module__, [str(w.message) for w in caught i
 
 def _status(env: dict[str, str]) -> tuple[str, dict[str, tuple[str, str]]]:
     """``rankmesh status``'s first line, and per row its state and why (the line below it)."""
-    out = subprocess.run([sys.executable, "-m", "rankmesh", "status"], env=env, capture_output=True, text=True,
-                         timeout=240, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-m", "rankmesh", "status"], env=env, capture_output=True, text=True, timeout=240, cwd="/"
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     rows = {}
