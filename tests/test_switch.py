@@ -375,3 +375,50 @@ def test_status_rows_cover_every_switched_patch_in_process():
 def test_no_hook_is_left_behind_by_this_module():
     autostart = sys.modules.get("_rankmesh_autostart")
     assert autostart is None or not autostart.pending(), os.environ.get("RANKMESH_ACCELERATE")
+
+
+SWITCHED = [p.name for p in switch.patches()]
+
+
+@pytest.mark.parametrize("name", SWITCHED)
+def test_every_switched_patch_leaves_a_release_it_has_not_read_alone_with_one_warning(name, monkeypatch):
+    from rankmesh import _dependencies
+
+    p = patches.get(name)
+    if not _dependencies.available(p.dependency):
+        pytest.skip(f"{p.dependency} is not installed")
+    assert not p.installed
+    monkeypatch.setitem(_dependencies._versions, p.dependency, "99.0")
+    monkeypatch.setattr(_once, "_seen", set())
+    try:
+        with pytest.warns(RuntimeWarning, match=rf"{p.dependency} 99\.0 is not a version .* has read"):
+            assert p.install() is False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once
+            assert p.install() is False
+        assert not p.installed
+    finally:
+        p.restore()
+
+
+@pytest.mark.parametrize("name", ["init_device_mesh", "torchtitan", "megatron"])
+def test_an_unknown_keyword_gets_the_originals_own_type_error(name):
+    """The patched functions that callers call by name (the methods are called by the framework's
+    own code): a keyword neither knows raises a TypeError naming it, as the original does (the
+    megatron route hands the call to megatron-core's own function, so its text is megatron-core's)."""
+    p = patches.get(name)
+    if p.recognise() is not None:
+        pytest.skip(p.recognise())
+    assert p.install()
+    try:
+        original, replacement = p.original(), p.replacement
+        errors = []
+        for fn in (original, replacement):
+            with pytest.raises(TypeError) as e:
+                fn(no_such_keyword=1)
+            errors.append(str(e.value))
+        assert all("got an unexpected keyword argument 'no_such_keyword'" in e for e in errors), errors
+        if name == "megatron":
+            assert errors[0] == errors[1]
+    finally:
+        p.restore()
