@@ -127,3 +127,29 @@ def test_source_hash_cuts_the_same_text_as_inspect_getsource():
     fns += [DeviceMesh.__init__, DeviceMesh._concatenate if hasattr(DeviceMesh, "_concatenate") else DeviceMesh.size]
     for fn in fns:
         assert _patch.source_hash(fn) == by_tokens(inspect.unwrap(fn)), fn
+
+
+def test_the_hashes_command_prints_the_table_entries_of_what_is_installed():
+    """``python -m rankmesh.patches hashes`` prints, per known code, the installed release's
+    entries; for a release the table has read they are the table's own (so pasting the output for a
+    new release is the whole edit)."""
+    import re
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-W", "ignore", "-m", "rankmesh.patches", "hashes"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = dict(re.findall(r'^    "([\w.]+)": frozenset\(\{"([0-9a-f]{16})"\}\),$', out.stdout, re.M))
+    checked = 0
+    for name, code in patches.known_code().items():
+        release = code.release()
+        if release is None:
+            continue
+        assert f"# {name}: {code.dependency} " in out.stdout
+        for path, known in code.bodies[release].items():
+            assert printed[path] in known, (name, path, printed[path], known)
+            checked += 1
+    assert checked >= 20
+    bad = subprocess.run([sys.executable, "-m", "rankmesh.patches"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "usage: python -m rankmesh.patches hashes" in bad.stderr

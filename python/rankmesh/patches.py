@@ -25,12 +25,12 @@ versions and which exact function bodies it recognises, whether it is installed,
 from __future__ import annotations
 
 from rankmesh import devicemesh, mesh, torchtitan
-from rankmesh._patch import Patch, disabled, source_hash
+from rankmesh._patch import KnownCode, Patch, disabled, resolve, source_hash
 from rankmesh.errors import UnknownNameError
 from rankmesh.megatron import fsdp, route
 from rankmesh.torchtitan import spmd_axis
 
-__all__ = ["REGISTRY", "Patch", "disabled", "get", "installed", "restore_all", "source_hash"]
+__all__ = ["REGISTRY", "Patch", "disabled", "get", "hashes", "installed", "known_code", "restore_all", "source_hash"]
 
 
 #: Every patch rankmesh can install, by name.
@@ -67,3 +67,56 @@ def restore_all() -> None:
     they are."""
     for p in REGISTRY.values():
         p.restore()
+
+
+def known_code() -> dict[str, KnownCode]:
+    """Every :class:`~rankmesh.patches.KnownCode` rankmesh checks before it runs: each patch's, the
+    fast process-group paths' (``fast_groups new_group``, ``fast_groups split_group``) and the
+    self-check's ``DeviceMesh._concatenate`` (``fast_meshes``), by a name for people."""
+    from rankmesh import _fast_groups_check, _torch_compat
+
+    out = {f"patch {n}": p.code for n, p in REGISTRY.items()}
+    out.update({f"fast_groups {n}": c for n, c in _fast_groups_check.KNOWN_BODIES.items()})
+    out["fast_meshes"] = _torch_compat.CONCATENATE_CODE
+    return out
+
+
+def hashes() -> str:
+    """The table entries for what is installed here, ready to paste: for each :func:`known_code`,
+    the installed release's key and ``{dotted path: frozenset({source hash})}`` of every function
+    any release of it names (a new torch or framework release is then the pin plus this entry).
+
+        >>> "patch init_device_mesh" in hashes()
+        True
+    """
+    from rankmesh import _dependencies
+
+    lines = []
+    for name, code in known_code().items():
+        installed = _dependencies.version(code.dependency)
+        if installed is None:
+            lines.append(f"# {name}: {code.dependency} is not installed")
+            continue
+        release = code.release() or ".".join(installed.split("+")[0].split(".")[:2])
+        known = "read" if code.release() else "NOT read yet: add the release to rankmesh._dependencies"
+        lines.append(f"# {name}: {code.dependency} {installed} (release {release!r}: {known})")
+        paths = sorted({p for bodies in code.bodies.values() for p in bodies})
+        lines.append(f'"{release}": {{' + ("" if paths else "},"))
+        for path in paths:
+            try:
+                digest = source_hash(resolve(path))
+            except (ImportError, AttributeError, OSError, TypeError) as e:
+                lines.append(f"    # {path}: {type(e).__name__}: {e}")
+                continue
+            lines.append(f'    "{path}": frozenset({{"{digest}"}}),')
+        if paths:
+            lines.append("},")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m rankmesh.patches hashes
+    import sys
+
+    if sys.argv[1:] != ["hashes"]:
+        sys.exit("usage: python -m rankmesh.patches hashes   (the table entries for what is installed here)")
+    print(hashes())
