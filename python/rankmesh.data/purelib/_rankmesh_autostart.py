@@ -9,7 +9,9 @@ with it a few standard-library imports (well under 1 ms). The value is read by :
 ``1``, ``true``, ``yes``, ``on`` turn it on, ``0``, ``false``, ``no``, ``off`` and ``""`` off (any
 case); anything else warns once and stays off. This module is outside the ``rankmesh`` package on
 purpose: importing the package waits until a module it patches is imported, so a process that
-never uses torch or a framework pays nothing more.
+never uses torch or a framework pays nothing more (it imports no module Python's start-up has not
+imported already: ~0.3 ms with its bytecode cached, as a pip install leaves it, and ~80 ns for
+every other import while it waits).
 
 Nothing is imported here. A meta-path finder waits for each module in :data:`TARGETS` (torch's
 ``device_mesh``, torchtitan's ``parallel_dims``, spmd_types' ``_mesh_axis``, megatron-core's
@@ -26,10 +28,7 @@ A failure here never stops the interpreter or breaks an import: the module impor
 without rankmesh, one warning says why, and its own code runs.
 """
 
-from __future__ import annotations
-
-import sys
-from typing import Any
+import sys  # and os, already imported by Python's start-up: no other import (not even __future__)
 
 __all__ = ["ENV", "TARGETS", "enabled", "install_hook", "parse", "pending", "remove_hook"]
 
@@ -62,7 +61,7 @@ def parse(value: str | None) -> bool | None:
     return False if value in _OFF else None
 
 
-def enabled(environ: Any = None) -> bool:
+def enabled(environ: object = None) -> bool:
     """Whether ``environ`` (default ``os.environ``) turns the switch on; a value that is neither on
     nor off (:func:`parse`) warns once and counts as off."""
     import os
@@ -102,18 +101,18 @@ def _installed(fullname: str) -> None:
 class _Loader:
     """The real loader of a target module, then its patches (everything else is the real loader's)."""
 
-    def __init__(self, loader: Any, fullname: str) -> None:
+    def __init__(self, loader: object, fullname: str) -> None:
         self._loader = loader
         self._fullname = fullname
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: object) -> object:
         return self._loader.create_module(spec)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: object) -> None:
         self._loader.exec_module(module)
         _installed(self._fullname)
 
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...: the real loader's
+    def __getattr__(self, name: str) -> object:  # get_source, get_filename, ...: the real loader's
         return getattr(self._loader, name)
 
 
@@ -124,7 +123,7 @@ class _Finder:
     def __init__(self) -> None:
         self.pending: set[str] = set()
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
         if fullname not in self.pending:
             return None
         self.pending.discard(fullname)
@@ -142,7 +141,7 @@ class _Finder:
         return None
 
 
-def _finder() -> _Finder | None:
+def _finder() -> "_Finder | None":
     return next((f for f in sys.meta_path if isinstance(f, _Finder)), None)
 
 
@@ -152,7 +151,7 @@ def pending() -> frozenset[str]:
     return frozenset() if finder is None else frozenset(finder.pending)
 
 
-def install_hook(targets: Any = TARGETS) -> list[str]:
+def install_hook(targets: object = TARGETS) -> list[str]:
     """Install the patches of each of ``targets`` already imported now, and of the others when they
     are imported; returns the ones imported already (their patches were asked for now)."""
     now = [t for t in targets if t in sys.modules]
