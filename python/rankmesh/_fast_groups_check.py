@@ -190,7 +190,7 @@ def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> s
     by name from ``distributed_c10d`` (:data:`_KEYED_TORCH`, the bodies' among them), and of
     rankmesh's own only those replaced since this module was imported (the others are the code in
     its file, whose size and mtime the key holds)."""
-    import rankmesh
+    from rankmesh._native import __version__ as rankmesh_version  # Cargo's, not the package's
 
     # The first mesh of every process runs this: plain loops, no comprehension (each is a code
     # object of its own, ~5 us the first time it runs: rankmesh._verdicts).
@@ -229,7 +229,7 @@ def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> s
         files,
         check=path,
         torch=(str(torch.__version__), str(getattr(torch.version, "git_version", ""))),
-        rankmesh=rankmesh.__version__,
+        rankmesh=rankmesh_version,
         scheme=SCHEME,
         bodies=bodies,
         code=code,

@@ -393,7 +393,7 @@ def _algebra_key() -> str | None:
     """What decides :func:`_algebra_reason`: torch's and rankmesh's versions and the size and
     mtime of the files of both algebras (torch's ``_mesh_layout`` and ``_pycute``, rankmesh's
     native module and this file), read with ``os.stat`` only; None when one cannot be stat'ed."""
-    import rankmesh
+    from rankmesh._native import __version__ as rankmesh_version  # Cargo's, not the package's
 
     native = sys.modules.get("rankmesh._native")
     files = [sys.modules[TorchMeshLayout.__module__].__file__, __file__, getattr(native, "__file__", None)]
@@ -410,7 +410,7 @@ def _algebra_key() -> str | None:
     return _verdicts.code_key(
         files,
         torch=(str(torch.__version__), str(getattr(torch.version, "git_version", ""))),
-        rankmesh=rankmesh.__version__,
+        rankmesh=rankmesh_version,
     )
 
 

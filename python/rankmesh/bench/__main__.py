@@ -1,7 +1,8 @@
-"""``python -m rankmesh.bench`` is ``rankmesh bench``."""
+"""``python -m rankmesh.bench`` is ``rankmesh bench`` (the meshes benchmark; ``rankmesh bench model``
+is ``python -m rankmesh.bench.model``)."""
 
 import sys
 
-from rankmesh.cli import main
+from rankmesh.bench.meshes import main
 
-sys.exit(main(["bench", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:]))
