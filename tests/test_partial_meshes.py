@@ -279,6 +279,70 @@ def test_from_group_on_a_rank_outside_the_group_says_so():
         assert "call from_group only on the group's member ranks" in str(e.value)
 
 
+def test_get_group_on_a_rank_outside_a_partial_mesh_says_the_rank_is_not_in_it():
+    """Where torch's get_group fails with a bare ``IndexError: list index out of range`` (a
+    non-member holds no group names), rankmesh's says which rank asked and which ranks the mesh is
+    over, in an ``IndexError`` still; torch's checks of the dim come first."""
+    import pickle
+
+    world, half = 32, 16
+    with fake_world(world, 3):
+        teachers = init_device_mesh("cpu", (half // 8, 8), mesh_dim_names=("dp", "tp"), ranks=range(half, world))
+        assert teachers.get_coordinate() is None
+        asks = {
+            "by name": lambda: teachers.get_group("tp"),
+            "by index": lambda: teachers.get_group(1),
+            "on a slice": lambda: teachers["tp"].get_group(),
+            "on a slice, by name": lambda: teachers["dp"].get_group("dp"),
+            "a flattened dim": lambda: teachers._flatten("dp_tp").get_group(),
+            "a flattened dim, from the root": lambda: teachers.get_group("dp_tp"),
+            "the local rank": lambda: teachers.get_local_rank("tp"),
+            "every group": lambda: teachers.get_all_groups(),
+        }
+        for what, ask in asks.items():
+            with pytest.raises(IndexError) as e:
+                ask()
+            err = e.value
+            assert type(err) is RankOutOfRangeError, what
+            assert (err.field, err.value, err.kind) == ("rank", 3, "rank_not_in_mesh"), what
+            assert err.ctx == {"rank": 3, "placement": (16, [(16, 1)])}
+            assert str(err).startswith("rank 3 is not in this mesh (ranks range(16, 32) of the job's 32)"), str(err)
+            assert "mesh.get_coordinate() is None" in str(err) and "get_coordinate() is None" in err.fix_text()
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is RankOutOfRangeError and str(back) == str(err) and back.ctx == err.ctx
+        with pytest.raises(KeyError, match="does not exist"):  # a bad dim is torch's error, as on a member
+            teachers.get_group("pp")
+        with pytest.raises(RuntimeError, match="mesh_dim"):
+            teachers.get_group()
+        strided = init_device_mesh("cpu", (2, 8), mesh_dim_names=("dp", "tp"), ranks=range(0, world, 2))
+        with pytest.raises(RankOutOfRangeError, match=r"^rank 3 is not in this mesh \(ranks range\(0, 31, 2\)") as e:
+            strided.get_group("tp")
+        assert e.value.ctx["placement"] == (0, [(16, 2)])
+        # ranks 4-7 and 20-23: no range, so the Slice they are
+        spread = init_device_mesh("cpu", (8,), mesh_dim_names=("x",), ranks=[4, 5, 6, 7, 20, 21, 22, 23])
+        with pytest.raises(RankOutOfRangeError, match=r"ranks Slice\(4, \[\(2, 16\), \(4, 1\)\]\) of the job"):
+            spread.get_group()
+
+
+@pytest.mark.parametrize("rank", [16, 21, 31])
+def test_a_member_of_a_partial_mesh_still_gets_torchs_groups(rank):
+    world, half = 32, 16
+    with fake_world(world, rank):
+        teachers = init_device_mesh("cpu", (half // 8, 8), mesh_dim_names=("dp", "tp"), ranks=range(half, world))
+        theirs = DeviceMesh("cpu", torch.arange(half, world).reshape(2, 8), mesh_dim_names=("dp", "tp"))
+        for dim in ("dp", "tp", 0, 1):
+            assert _group_ranks(teachers, dim) == _group_ranks(theirs, dim)
+            assert teachers.get_local_rank(dim) == theirs.get_local_rank(dim)
+        assert _group_ranks(teachers["tp"], None) == _group_ranks(theirs["tp"], None)
+        assert [dist.get_process_group_ranks(g) for g in teachers.get_all_groups()] == [
+            dist.get_process_group_ranks(g) for g in theirs.get_all_groups()
+        ]
+        assert teachers["tp"].get_group() is teachers.get_group("tp")
+        with pytest.raises(IndexError) as e:  # a dim out of range: torch's own bare IndexError
+            teachers.get_group(2)
+        assert type(e.value) is IndexError
+
+
 def test_an_arbitrary_subset_is_torchs_own_mesh_with_a_warning():
 
     _once.forget("mesh")
@@ -316,6 +380,9 @@ def test_workloads_at_2_20_build_nothing_world_sized(rank):
         assert len(mine) == 1
         assert mine[0]["ep"].mesh.tolist() == [rank % pp + pp * (rank // (pp * 8) * 8 + k) for k in range(8)]
         member = teachers if rank >= half else students
+        outside = students if rank >= half else teachers
+        with pytest.raises(RankOutOfRangeError, match=f"^rank {rank} is not in this mesh"):
+            outside["tp"].get_group()
         g = from_group([member.get_group("dp"), member.get_group("tp")], "cpu", mesh_dim_names=("dp", "tp"))
         assert g.get_coordinate() == member.get_coordinate() and g["tp"].mesh.tolist() == member["tp"].mesh.tolist()
     assert RANK_MAP_MATERIALISATIONS == before

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import rankmesh  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from rankmesh import MeshLayout, ReformError  # noqa: E402
-from rankmesh.recovery import active_world, deactivate, hot_spare, shrink  # noqa: E402
+from rankmesh.recovery import RankSet, Reform, active_world, deactivate, hot_spare, shrink  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 from tests.conftest import fake_world  # noqa: E402
@@ -114,6 +114,9 @@ def test_shrink_renumbers_survivors_in_order_and_keeps_inner_dims(seed):
     # the survivors' new ranks, in the kept grid, are the plain new world in row-major order
     assert [plan.new_rank(int(r)) for r in kept.flatten()] == list(range(kept.size))
     assert plan.world.in_rank_order
+    # removed: every rank that leaves (the lost replicas, strided when pp > 1, and the idle ranks)
+    assert plan.removed == [r for r in range(numel + extra) if r not in survivors]
+    assert all((r in plan.removed) == (plan.new_rank(r) is None) for r in range(numel + extra))
 
 
 def test_shrink_refusals():
@@ -129,6 +132,111 @@ def test_shrink_refusals():
     with pytest.raises(ReformError) as e:
         shrink({"dp_replicate": 2, "tp": 2}, failed=[4])
     assert e.value.field == "failed[0]"
+
+
+# -- removed: every rank that leaves, held in O(changes) -----------------------------------------
+
+
+def test_a_shrink_at_2_17_removes_every_rank_of_the_lost_replica():
+    plan = shrink({"dp_replicate": 4, "dp_shard": 4096, "tp": 8}, failed=[70_001])
+    lost = range(65_536, 98_304)  # replica 2: 4096 * 8 ranks
+    assert len(plan.removed) == 32_768 and plan.removed.pieces == (lost,)
+    assert repr(plan.removed) == "RankSet(range(65536, 98304))"
+    for r in (65_536, 70_001, 81_920, 98_303):  # first, failed, middle, last
+        assert r in plan.removed and plan.new_rank(r) is None
+    for r in (0, 65_535, 98_304, 131_071, -1, "70001", 70_001.0):
+        assert r not in plan.removed
+    sample = [*random.Random(0).sample(range(1 << 17), 3000), 65_535, 65_536, 98_303, 98_304]
+    assert all((r in plan.removed) == (plan.new_rank(r) is None) for r in sample)
+    assert plan.removed == list(lost) and plan.removed == tuple(lost) and plan.removed != list(lost)[1:]
+
+
+def test_a_shrink_of_an_inner_replica_dim_removes_one_strided_piece_per_run_of_lost_replicas():
+    sizes = {"pp": 4, "dp": 8, "cp": 2, "tp": 4}  # Megatron-like: dp has pp outside it
+    plan = shrink(sizes, failed=[8, 17, 100], dim="dp", old_world_size=260)  # dp 1, 2 (in pp 0) and 4 (pp 1)
+    grid = np.arange(256).reshape(4, 8, 2, 4)
+    want = sorted([*grid[:, [1, 2, 4]].flatten().tolist(), 256, 257, 258, 259])
+    assert plan.removed == want and len(plan.removed) == len(want)
+    assert len(plan.removed.pieces) == 3  # dp 1-2, dp 4, the idle ranks 256-259: not one per pp stage
+    assert repr(plan.removed) == "RankSet(Slice(8, [(4, 64), (16, 1)]), Slice(32, [(4, 64), (8, 1)]), range(256, 260))"
+    assert all((r in plan.removed) == (plan.new_rank(r) is None) for r in range(260))
+
+
+def test_a_hot_spare_removes_the_failed_ranks_and_the_unused_spares():
+    # 12 in the mesh, spares 12-19; mesh ranks 3 and 5 fail, spare 17 too: spares 12 and 13 step in
+    for renumber in ("fill", "shift"):
+        plan = hot_spare(20, failed=[3, 17, 5], mesh_size=12, renumber=renumber)
+        assert plan.removed == [3, 5, 14, 15, 16, 17, 18, 19]
+        assert repr(plan.removed) == "RankSet(3, 5, range(14, 20))" and len(plan.removed.pieces) == 3
+        assert all((r in plan.removed) == (plan.new_rank(r) is None) for r in range(20))
+    plan = hot_spare(20, failed=[3], mesh_size=12, spares=[15])  # the spares around 15 leave
+    assert repr(plan.removed) == "RankSet(3, range(12, 15), range(16, 20))"
+    assert all((r in plan.removed) == (plan.new_rank(r) is None) for r in range(20))
+    assert plan.new_rank(15) == 3
+    every_spare = hot_spare(10, failed=[2, 7], mesh_size=8)  # both spares step in: the failed leave
+    assert every_spare.removed == (2, 7) and repr(every_spare.removed) == "RankSet(2, 7)"
+
+
+def test_removed_is_a_few_pieces_at_2_20_and_len_repr_and_in_never_list_it(monkeypatch):
+    world = 1 << 20
+    shrunk = shrink({"dp_replicate": 8, "dp_shard": 16_384, "tp": 8}, failed=[5, 300_000, world - 1])
+    megatron = shrink({"pp": 64, "dp": 256, "cp": 1, "tp": 64}, failed=[70_000, 70_064], dim="dp")  # dp 69, 70
+    spare = hot_spare(world + 4096, failed=[7, 900_000], mesh_size=world)
+    monkeypatch.setattr(RankSet, "__iter__", lambda self: pytest.fail("the ranks were listed"))
+    assert len(shrunk.removed.pieces) == 3 and len(shrunk.removed) == 3 * 131_072  # replicas 0, 2, 7
+    assert repr(shrunk.removed) == "RankSet(range(0, 131072), range(262144, 393216), range(917504, 1048576))"
+    assert len(megatron.removed.pieces) == 1 and len(megatron.removed) == 2 * 64 * 64  # in each of 64 stages
+    assert repr(megatron.removed) == "RankSet(Slice(4416, [(64, 16384), (128, 1)]))"
+    assert 70_064 + 16_384 in megatron.removed and 70_000 + 128 not in megatron.removed
+    assert len(spare.removed.pieces) == 3 and len(spare.removed) == 2 + 4094  # spares 0-1 step in
+    assert repr(spare.removed) == "RankSet(7, 900000, range(1048578, 1052672))"
+    for plan in (shrunk, megatron, spare):
+        plan.fingerprint  # noqa: B018  (covers removed's pieces, not its ranks)
+
+
+def test_the_fingerprint_differs_exactly_when_the_new_job_does():
+    def fp(plan):
+        return plan.fingerprint
+
+    sizes = {"dp_replicate": 2, "tp": 2}
+    assert fp(shrink(sizes, failed=[0])) != fp(shrink(sizes, failed=[3]))  # another replica leaves
+    assert fp(shrink(sizes, failed=[0])) == fp(shrink(sizes, failed=[1]))  # the same replica: the same job
+    assert fp(hot_spare(10, failed=[2], mesh_size=8)) != fp(hot_spare(10, failed=[3], mesh_size=8))
+    # the same ranks leave, but the spares take the other numbers
+    a = hot_spare(10, failed=[2, 3], mesh_size=8, spares=[8, 9])
+    b = hot_spare(10, failed=[3, 2], mesh_size=8, spares=[8, 9])
+    assert a.removed == b.removed and (a.new_rank(8), b.new_rank(8)) == (2, 3)
+    assert fp(a) != fp(b) and a != b
+    assert fp(a) == fp(hot_spare(10, failed=[2, 3], mesh_size=8)) and a == hot_spare(10, failed=[2, 3], mesh_size=8)
+    shifted = hot_spare(10, failed=[2], mesh_size=8, renumber="shift")
+    assert fp(shifted) != fp(hot_spare(10, failed=[3], mesh_size=8, renumber="shift"))
+
+
+def test_a_rank_set_is_a_sorted_set_of_ranks_that_equals_its_list_and_pickles():
+    s = RankSet(range(10, 20), 3, range(15, 25), 2, 30)  # overlapping and touching pieces join
+    assert s.pieces == (range(2, 4), range(10, 25), range(30, 31))
+    assert repr(s) == "RankSet(range(2, 4), range(10, 25), 30)"
+    assert list(s) == [2, 3, *range(10, 25), 30] == s and len(s) == 18
+    assert hash(s) == hash(tuple(s)) and s == RankSet(*list(s)) and s != [2, 3] and s != "ranks"
+    strided = RankSet(range(1, 9, 4), rankmesh.Slice(2, [(2, 8), (2, 1)]), 7)
+    assert list(strided) == [1, 2, 3, 5, 7, 10, 11] and 10 in strided and 9 not in strided
+    assert repr(strided) == "RankSet(range(1, 9, 4), Slice(2, [(2, 8), (2, 1)]), 7)"
+    for x in (s, strided, RankSet()):
+        back = pickle.loads(pickle.dumps(x))
+        assert back == x and back.pieces == x.pieces and repr(back) == repr(x)
+    assert len(RankSet()) == 0 and not RankSet() and repr(RankSet()) == "RankSet()"
+    with pytest.raises(ReformError) as e:
+        RankSet(rankmesh.Slice(0, [(2, 8), (2, 1)]), 9)  # 9 is in the Slice
+    assert e.value.field == "pieces" and "rank 9" in str(e.value)
+    for bad, field, value in ((-1, "pieces[0]", -1), (1.5, "pieces[0]", 1.5), (True, "pieces[0]", True)):
+        with pytest.raises(ReformError) as e:
+            RankSet(bad)
+        assert (e.value.field, e.value.value) == (field, value)
+    with pytest.raises(ReformError) as e:
+        RankSet(4, range(5, 0, -1))
+    assert e.value.field == "pieces[1]"
+    plan = Reform(old_world_size=4, world_size=2, world=MeshLayout.world(2), removed=(3, 1))  # a sequence: made a set
+    assert isinstance(plan.removed, RankSet) and plan.removed == [1, 3] and plan.new_rank(2) == 1
 
 
 # -- every tree, re-formed over a hot spare, on the fake backend -------------------------------

@@ -115,6 +115,9 @@ ERROR_KINDS: dict[str, tuple[str, ...]] = {
     "no_replica_left": ("dim", "size", "failed_replicas"),
     # rankmesh.patches.get: a name that is no patch of the registry; patches: the names it has
     "unknown_patch": ("patches",),
+    # a mesh over part of the job asked for a group on a rank outside it (get_group, get_local_rank);
+    # placement: the (offset, [(size, stride), ...]) of the mesh's ranks, as MeshLayout.placement
+    "rank_not_in_mesh": ("rank", "placement"),
 }
 
 
@@ -294,7 +297,8 @@ class EmptySliceError(RankmeshError):
 
 
 class RankOutOfRangeError(RankmeshError, IndexError):
-    """A rank outside ``range(world_size)``."""
+    """A rank outside ``range(world_size)``, or (kind ``"rank_not_in_mesh"``) a rank outside a mesh
+    over part of the job asking it for one of its process groups."""
 
 
 class DimOutOfRangeError(RankmeshError, IndexError):

@@ -80,6 +80,7 @@ from rankmesh.errors import (
     InvalidRankMapError,
     MeshArgumentError,
     RankmeshError,
+    RankOutOfRangeError,
     SizeMismatchError,
     SliceOrderError,
     UnknownNameError,
@@ -377,7 +378,9 @@ class FastDeviceMesh(DeviceMesh):
     Every public and semi-public attribute equals what torch builds for the same recipe: ``mesh``,
     ``shape``, ``ndim``, ``size()``, ``mesh_dim_names``, ``get_group``, ``get_coordinate``,
     ``get_local_rank``, ``_layout``, ``_rank_map``, ``_flatten_rank_map``, ``_dim_group_names``,
-    ``_get_root_mesh()``, ``_flatten_mapping``; ``==`` and ``hash`` behave as torch's.
+    ``_get_root_mesh()``, ``_flatten_mapping``; ``==`` and ``hash`` behave as torch's. On a rank
+    outside a mesh over part of the job, ``get_group`` (and so ``get_local_rank``) says so where
+    torch's fails with a bare ``IndexError``.
     """
 
     _rm_world: _World
@@ -511,6 +514,35 @@ class FastDeviceMesh(DeviceMesh):
     def layout(self) -> MeshLayout:
         """The rankmesh layout of this mesh (names, modes, this rank's groups, fingerprint)."""
         return self._rm_layout
+
+    def get_group(self, mesh_dim: int | str | None = None) -> dist.ProcessGroup:
+        """torch's ``get_group``. On a rank outside a mesh over part of the job (its
+        ``get_coordinate()`` is None; it holds no group of the mesh), where torch's fails with a
+        bare ``IndexError: list index out of range``, a :class:`~rankmesh.errors.RankOutOfRangeError`
+        (an ``IndexError`` too) that names the rank and the mesh's ranks; ``get_local_rank`` and
+        ``get_all_groups``, which call it, say the same. A bad ``mesh_dim`` is torch's error first.
+
+        Example (rank 3 of 16, outside the teachers' mesh over ranks 8-15)::
+
+            >>> import torch.distributed as dist
+            >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+            >>> dist.init_process_group("fake", rank=3, world_size=16, store=FakeStore())
+            >>> teachers = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), ranks=range(8, 16))
+            >>> teachers.get_coordinate() is None
+            True
+            >>> teachers["tp"].get_group()
+            Traceback (most recent call last):
+            ...
+            rankmesh.errors.RankOutOfRangeError: rank 3 is not in this mesh (ranks range(8, 16) of the job's 16) ...
+            >>> dist.destroy_process_group()
+        """
+        # Only torch's registered fields here: torch.compile inlines get_group on a mesh.
+        if self._coordinate_on_dim is None:  # not a rank of the mesh: torch's checks of mesh_dim first
+            try:
+                return DeviceMesh.get_group(self, mesh_dim)
+            except IndexError:  # the dim's group name, from the empty list a non-member holds
+                raise _not_a_member(self) from None
+        return DeviceMesh.get_group(self, mesh_dim)
 
     # -- identity --------------------------------------------------------------------------------
 
@@ -907,6 +939,28 @@ CONCATENATE = Patch(
     check=_fast_meshes_on,
     wrap=staticmethod,
 )
+
+
+def _not_a_member(mesh: FastDeviceMesh) -> RankOutOfRangeError:
+    """The error of a rank outside a mesh over part of the job that asks it for a group: the rank,
+    the mesh's ranks (a range, or the Slice they are) and what to do instead."""
+    world = mesh._rm_world.layout
+    offset, modes = world.placement or (0, [(world.global_size, 1)])
+    placed = Slice(offset, modes)
+    r = placed.as_range()
+    ranks = placed if r is None else range(r[0], r[-1] + 1, r.step)  # range(1, 32, 2), not range(1, 33, 2)
+    rank = mesh._rank
+    return RankOutOfRangeError(
+        f"rank {rank} is not in this mesh (ranks {ranks!r} of the job's {world.global_size}) and holds none of "
+        "its process groups; call get_group (and get_local_rank) on the mesh's ranks only: check "
+        "mesh.get_coordinate() is None first (it is, outside the mesh)",
+        field="rank",
+        value=rank,
+        kind="rank_not_in_mesh",
+        ctx={"rank": rank, "placement": (offset, modes)},
+        fix="call it on a rank of the mesh; where every rank runs the same code, skip the mesh where "
+        "mesh.get_coordinate() is None",
+    )
 
 
 def _slice_error(mesh: FastDeviceMesh, key: Any, e: KeyError) -> RankmeshError:

@@ -42,6 +42,12 @@ replica 1 (ranks 4-7) leaves, the other keeps every inner dim::
     >>> plan.sizes, plan.world_size, plan.new_rank(2), plan.new_rank(6)
     ({'dp_replicate': 1, 'dp_shard': 2, 'tp': 2}, 4, 2, None)
 
+``plan.removed`` holds every rank that leaves, in O(changes) (a :class:`RankSet`; one piece for the
+whole replica, however many ranks it has)::
+
+    >>> plan.removed, list(plan.removed), 6 in plan.removed
+    (RankSet(range(4, 8)), [4, 5, 6, 7], True)
+
 Every refusal is a :class:`~rankmesh.errors.ReformError` naming the argument and the fix, raised
 before any group is created.
 """
@@ -49,15 +55,182 @@ before any group is created.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import heapq
+import itertools
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rankmesh._check import as_int
-from rankmesh._native import MeshLayout
+from rankmesh._native import MeshLayout, Slice
 from rankmesh.errors import RankmeshError, ReformError
 
-__all__ = ["Reform", "hot_spare", "shrink", "active_world", "deactivate"]
+__all__ = ["Reform", "RankSet", "hot_spare", "shrink", "active_world", "deactivate"]
+
+
+class RankSet:
+    """An immutable set of ranks in ascending order, held as a few pieces rather than one entry per
+    rank: each piece a ``range`` of consecutive ranks or, for ranks spread out at a fixed period
+    (a replica of a dim with dims outside it), a :class:`rankmesh.Slice`. What
+    :attr:`Reform.removed` is, so that a replica of 32,768 ranks that a shrink drops is one piece.
+    ``len`` is O(1), ``in`` O(log pieces) (plus O(modes) per strided piece); iterating yields
+    every rank in ascending order (O(len)). A set compares equal to another holding the same ranks
+    and to a list or tuple of them in ascending order (O(len) unless the pieces match); it hashes
+    as that tuple.
+
+    ``RankSet(*pieces)``: ints, ``range`` objects (any positive step) and Slices; ranges that
+    touch or overlap are joined, a Slice may not share a rank with another piece.
+
+        >>> s = RankSet(range(65_536, 98_304), 9)
+        >>> s, len(s), 70_001 in s, 98_304 in s, len(s.pieces)
+        (RankSet(9, range(65536, 98304)), 32769, True, False, 2)
+        >>> from rankmesh import Slice
+        >>> every_4th_block = RankSet(Slice(8, [(2, 32), (8, 1)]))   # ranks 8-15 and 40-47
+        >>> every_4th_block == [*range(8, 16), *range(40, 48)], 41 in every_4th_block
+        (True, True)
+        >>> RankSet(3, 2, 9) == (2, 3, 9), RankSet(3, 2, 9)
+        (True, RankSet(range(2, 4), 9))
+    """
+
+    __slots__ = ("_ranges", "_starts", "_before", "_slices", "_pieces", "_len", "_hash")
+
+    def __init__(self, *pieces: int | range | Slice) -> None:
+        ranges: list[range] = []
+        slices: list[Slice] = []
+        for k, p in enumerate(pieces):
+            field_name = f"pieces[{k}]"
+            if isinstance(p, Slice):
+                r = p.as_range()
+                if r is not None and (len(r) == 1 or r.step == 1):
+                    ranges.append(range(r[0], r[-1] + 1))
+                else:
+                    slices.append(p)
+                continue
+            if isinstance(p, range):
+                if len(p) == 0:
+                    continue
+                if p.step < 0 or p[0] < 0:
+                    raise ReformError(
+                        f"{field_name} = {p!r} must hold ranks >= 0 in ascending order", field=field_name, value=p
+                    )
+                if p.step == 1 or len(p) == 1:
+                    ranges.append(range(p[0], p[-1] + 1))
+                else:
+                    slices.append(Slice.of_range(p))
+                continue
+            try:
+                r = as_int(p, field_name)
+            except RankmeshError as e:
+                raise ReformError(
+                    f"{field_name} must be a rank, a range or a rankmesh.Slice, got {type(p).__name__} {p!r}",
+                    field=field_name,
+                    value=e.value,
+                ) from None
+            if r < 0:
+                raise ReformError(f"{field_name} = {r} is not a rank (ranks are >= 0)", field=field_name, value=p)
+            ranges.append(range(r, r + 1))
+        joined: list[range] = []
+        for r in sorted(ranges, key=lambda x: x.start):
+            if joined and r.start <= joined[-1].stop:
+                joined[-1] = range(joined[-1].start, max(joined[-1].stop, r.stop))
+            else:
+                joined.append(r)
+        slices.sort(key=lambda s: s.offset)
+        for i, s in enumerate(slices):
+            others = [*slices[i + 1 :], *(Slice.of_range(r) for r in joined)]
+            shared = next((x for x in (s.first_shared_rank(o) for o in others) if x is not None), None)
+            if shared is not None:
+                raise ReformError(
+                    f"pieces overlap: {s!r} and another piece both hold rank {shared}; give each rank once",
+                    field="pieces",
+                    value=pieces,
+                )
+        self._ranges = tuple(joined)
+        self._starts = [r.start for r in joined]
+        self._before = list(itertools.accumulate((len(r) for r in joined), initial=0))  # ranks before range k
+        self._slices = tuple(slices)
+        self._pieces: tuple[range | Slice, ...] = tuple(
+            sorted((*joined, *slices), key=lambda p: p.start if isinstance(p, range) else p.offset)
+        )
+        self._len = self._before[-1] + sum(len(s) for s in slices)
+        self._hash: int | None = None
+
+    @property
+    def pieces(self) -> tuple[range | Slice, ...]:
+        """The ranges (step 1) and strided Slices that hold the ranks, by first rank: what is stored."""
+        return self._pieces
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __contains__(self, rank: object) -> bool:
+        try:
+            r = operator.index(rank)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        k = bisect.bisect_right(self._starts, r) - 1
+        if k >= 0 and r < self._ranges[k].stop:
+            return True
+        return r >= 0 and any(r in s for s in self._slices)
+
+    def __iter__(self) -> Iterator[int]:
+        if not self._slices:
+            return itertools.chain.from_iterable(self._ranges)
+        spread = (iter(sorted(s.ranks().tolist())) for s in self._slices)
+        return heapq.merge(*self._ranges, *spread)
+
+    def _count_below(self, rank: int) -> int:
+        """How many of the ranks are below ``rank``: O(log pieces) for the ranges, O(size) for a
+        strided piece."""
+        k = bisect.bisect_right(self._starts, rank) - 1
+        n = 0 if k < 0 else self._before[k] + min(rank, self._ranges[k].stop) - self._ranges[k].start
+        return n + sum(bisect.bisect_left(sorted(s.ranks().tolist()), rank) for s in self._slices)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankSet):
+            if self._pieces == other._pieces:
+                return True
+        elif not isinstance(other, (tuple, list)):
+            return NotImplemented
+        return len(other) == self._len and all(a == b for a, b in zip(self, other))
+
+    def __hash__(self) -> int:
+        """``hash(tuple(self))``, as equal tuples hash (O(len) the first time)."""
+        if self._hash is None:
+            self._hash = hash(tuple(self))
+        return self._hash
+
+    def _key(self) -> tuple[tuple[int, ...], ...]:
+        """The pieces as plain ints (``(start, stop)`` per range, ``(offset, size, stride, ...)`` per
+        Slice): what pickles and what :attr:`Reform.fingerprint` covers."""
+        return tuple(
+            (p.start, p.stop) if isinstance(p, range) else (p.offset, *itertools.chain.from_iterable(p.modes))
+            for p in self._pieces
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rank_set, (self._key(),))
+
+    def __repr__(self) -> str:
+        def shown(p: range | Slice) -> str:
+            r = p if isinstance(p, range) else p.as_range()  # a Slice of one mode reads as its range
+            if r is None:
+                return repr(p)
+            return str(r.start) if len(r) == 1 else repr(r)
+
+        return f"RankSet({', '.join(shown(p) for p in self._pieces)})"
+
+
+def _rank_set(key: tuple[tuple[int, ...], ...]) -> RankSet:
+    """A :class:`RankSet` from its :meth:`RankSet._key` (unpickling)."""
+    pieces: list[range | Slice] = []
+    for part in key:
+        if len(part) == 2:
+            pieces.append(range(*part))
+        else:
+            pieces.append(Slice(part[0], list(zip(part[1::2], part[2::2]))))
+    return RankSet(*pieces)
 
 
 @dataclass(frozen=True)
@@ -68,8 +241,11 @@ class Reform:
         world_size: ranks in the new job.
         world: the 1-D world layout the meshes are laid over (``MeshLayout.world``'s kind; a
             renumbered world after a hot spare, stored in O(changes)).
-        removed: the old ranks not in the new job (sorted): the failed ones, unused spares, the
-            ranks of dropped replicas.
+        removed: every old rank not in the new job, as a :class:`RankSet` (ascending, held in
+            O(changes) pieces, so a dropped replica of 2^15 ranks is one piece): the failed ones,
+            unused spares, the ranks of dropped replicas, the idle ranks past a shrunk mesh.
+            Exactly the ranks whose :meth:`new_rank` is None. Given as a sequence of ranks, it is
+            made a :class:`RankSet`.
         sizes: the mesh's dims and sizes after the change (for :func:`shrink`; None for a hot
             spare, where the sizes do not change).
     """
@@ -77,9 +253,16 @@ class Reform:
     old_world_size: int
     world_size: int
     world: MeshLayout
-    removed: tuple[int, ...]
+    removed: RankSet
     sizes: dict[str, int] | None = None
     _dropped: Any = field(default=None, repr=False, compare=False)
+    # (mesh index, spare) of a "fill" hot spare: which spare takes which number (a "shift" world's
+    # renumbering holds them); part of the fingerprint
+    _spares: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.removed, RankSet):
+            object.__setattr__(self, "removed", RankSet(*self.removed))
 
     def new_rank(self, old_rank: int) -> int | None:
         """The rank old rank ``old_rank`` has in the new job, or None when it is not in it (it
@@ -93,20 +276,22 @@ class Reform:
             )
         if self._dropped is not None:  # a shrink or a filled hot spare: by rule, O(changes)
             return self._dropped(old)
-        k = bisect.bisect_left(self.removed, old)
-        if k < len(self.removed) and self.removed[k] == old:
+        if old in self.removed:
             return None
-        return old - k
+        return old - self.removed._count_below(old)
 
     @property
     def fingerprint(self) -> int:
-        """64 bits every rank of the new job must agree on (the world layout's fingerprint,
-        which covers the renumbering, and the sizes)."""
+        """64 bits every rank of the new job must agree on: the world layout's fingerprint (which
+        covers a shifted world's renumbering), the sizes, the ranks that leave (:attr:`removed`'s
+        pieces) and which spare takes which number. Plans that renumber any old rank differently
+        differ here, whatever the world looks like."""
         import hashlib
 
-        h = hashlib.blake2b(b"rankmesh.reform.v1", digest_size=8)
+        h = hashlib.blake2b(b"rankmesh.reform.v2", digest_size=8)
         h.update(self.world.fingerprint().to_bytes(8, "little"))
-        h.update(repr((self.old_world_size, self.world_size, self.sizes)).encode())
+        key = (self.old_world_size, self.world_size, self.sizes, self.removed._key(), self._spares)
+        h.update(repr(key).encode())
         return int.from_bytes(h.digest(), "little")
 
     def check(self, *, timeout: float = 300.0) -> None:
@@ -212,7 +397,7 @@ def hot_spare(
 
         >>> plan = hot_spare(10, failed=[2, 9], mesh_size=8)   # spare 9 failed too; spare 8 is used
         >>> plan.world_size, plan.removed, plan.new_rank(8)
-        (8, (2, 9), 2)
+        (8, RankSet(2, 9), 2)
     """
     old = as_int(old_world_size, "old_world_size")
     if old < 1:
@@ -239,20 +424,31 @@ def hot_spare(
     if renumber not in ("fill", "shift"):
         raise ReformError(f'renumber must be "fill" or "shift", got {renumber!r}', field="renumber", value=renumber)
     used = dict(zip(in_mesh, pool))
-    removed = sorted(set(gone) | {r for r in range(size, old) if r not in used.values()})
+    removed = RankSet(*gone, *_idle(range(size, old), sorted(used.values())))  # the failed, the unused spares
     if renumber == "fill":
         return Reform(
             old_world_size=old,
             world_size=size,
             world=MeshLayout.world(size),
-            removed=tuple(removed),
+            removed=removed,
             _dropped=_filled_rank(used, removed, size),
+            _spares=tuple(sorted(used.items())),
         )
     try:
-        world = MeshLayout.renumbered(old, size, removed, used)
+        world = MeshLayout.renumbered(old, size, list(removed), used)
     except RankmeshError as e:  # a backstop: what is checked above should leave nothing here
         raise ReformError(str(e), field=e.field, value=e.value) from None
-    return Reform(old_world_size=old, world_size=size, world=world, removed=tuple(removed))
+    return Reform(old_world_size=old, world_size=size, world=world, removed=removed)
+
+
+def _idle(spares: range, used: list[int]) -> list[range]:
+    """The ranks of ``spares`` that ``used`` (sorted) leaves out, as ranges: O(len(used))."""
+    out, start = [], spares.start
+    for r in used:
+        out.append(range(start, r))
+        start = r + 1
+    out.append(range(start, spares.stop))
+    return out
 
 
 def _live_spares(spares: Sequence[int] | None, gone: list[int], size: int, old: int) -> list[int]:
@@ -275,17 +471,16 @@ def _live_spares(spares: Sequence[int] | None, gone: list[int], size: int, old: 
     return pool
 
 
-def _filled_rank(used: dict[int, int], removed: list[int], size: int) -> Callable[[int], int | None]:
+def _filled_rank(used: dict[int, int], removed: RankSet, size: int) -> Callable[[int], int | None]:
     """``new_rank`` of a ``"fill"`` hot spare: each spare in ``used`` (failed index -> spare) takes
     its index's number, every other rank of the mesh keeps its own, the ``removed`` ranks and those
     past the mesh leave (None)."""
     moved = {spare: index for index, spare in used.items()}  # each spare takes its index's number
-    left = frozenset(removed)
 
     def new_rank(r: int) -> int | None:
         if r in moved:
             return moved[r]
-        return None if r in left or r >= size else r
+        return None if r >= size or r in removed else r
 
     return new_rank
 
@@ -334,12 +529,11 @@ def shrink(
     new_sizes = dict(zip(names, shape))
     new_sizes[dim] = size - len(lost)
     new_numel = numel // size * new_sizes[dim]
-    removed = tuple(sorted(set(gone) | {r for r in range(numel, old)}))  # O(changes); dropped replicas by rule
     return Reform(
         old_world_size=old,
         world_size=new_numel,
         world=MeshLayout.world(new_numel),
-        removed=removed,
+        removed=RankSet(*_replica_ranks(numel, inner, size, lost), range(numel, old)),  # every failed rank too
         sizes=new_sizes,
         _dropped=_shrunk_rank(numel, inner, size, lost, new_sizes, dim),
     )
@@ -383,6 +577,20 @@ def _lost_replicas(gone: list[int], numel: int, inner: int, size: int, dim: str,
             ctx={"dim": dim, "size": size, "failed_replicas": tuple(lost)},
         )
     return lost
+
+
+def _replica_ranks(numel: int, inner: int, size: int, lost: list[int]) -> list[Slice]:
+    """The ranks of the ``lost`` replicas (sorted indices along a dim of ``size`` replicas, each
+    ``inner`` ranks apart, in a mesh of ``numel`` ranks): one Slice per run of adjacent indices,
+    ``inner`` ranks at the same place in every block of ``inner * size``; O(len(lost))."""
+    blocks = numel // (inner * size)
+    runs: list[list[int]] = []
+    for i in lost:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return [Slice(a * inner, [(blocks, inner * size), ((b - a) * inner, 1)]) for a, b in runs]
 
 
 def _shrunk_rank(
