@@ -81,6 +81,10 @@ __all__ = [
     "as_int",
     "as_sequence",
     "degree_fix",
+    "divisors_near",
+    "undivided",
+    "undivided_text",
+    "undivided_fix",
     "check_unique",
     "positive_int",
     "as_rank",
@@ -137,6 +141,70 @@ def degree_fix(degree: str, field: str | None = None) -> str | None:
     """
     text = _DEGREE_FIXES.get(degree)
     return None if text is None else text.replace("{F", "{" + (field or degree))
+
+
+def divisors_near(n: int, d: int) -> list[int]:
+    """The divisors of ``n`` nearest ``d`` (``d`` itself aside): the nearest below and the nearest
+    above it, where there is one, the nearer first (the smaller on a tie). What a fix suggests for
+    a degree ``d`` that does not divide the ``n`` ranks it must split (O(sqrt(n))).
+
+        >>> divisors_near(131072, 7), divisors_near(131072, 3), divisors_near(64, 128), divisors_near(60, 8)
+        ([8, 4], [2, 4], [64], [6, 10])
+    """
+    below = above = None
+    for i in range(1, math.isqrt(n) + 1):
+        if n % i:
+            continue
+        for q in (i, n // i):
+            if q < d and (below is None or q > below):
+                below = q
+            elif q > d and (above is None or q < above):
+                above = q
+    return sorted((q for q in (below, above) if q is not None), key=lambda q: (abs(q - d), q))
+
+
+def undivided(total: int, degrees: Sequence[tuple[str, int]]) -> tuple[str, int, int] | None:
+    """The degree at fault when ``degrees`` (``(field, value)`` pairs, values >= 1) do not divide
+    ``total`` ranks: ``(field, value, left)``, ``left`` being the ranks the degrees tried before it
+    leave it to split; None when their product divides ``total``. The degrees that divide ``total``
+    alone are tried first, then the others (each group in the order given): the first that does
+    not divide what is left is blamed, so a degree that does not divide ``total`` alone (``tp=7``
+    of 131072) is blamed before one that only does not fit beside the others.
+
+        >>> undivided(131072, [("tp", 7), ("pp", 4)]), undivided(8, [("tp", 4), ("pp", 4)])
+        (('tp', 7, 32768), ('pp', 4, 2))
+        >>> undivided(64, [("tp", 8), ("pp", 2)]) is None
+        True
+    """
+    left = total
+    for field, value in sorted(degrees, key=lambda fv: total % fv[1] != 0):  # stable: the dividers first
+        if left % value:
+            return field, value, left
+        left //= value
+    return None
+
+
+def undivided_text(field: str, shown: str, value: int, left: int, total: Any, total_value: int) -> str:
+    """The clause naming the degree :func:`undivided` blames, a message template (:func:`arg`):
+    ``tp = 7 does not divide world_size = 131072``, or ``pp = 4 does not divide the 2 ranks the
+    other degrees leave of world_size = 8``; ``shown`` is the degree's name in the API's words,
+    ``total`` the mention of what it must divide (an :func:`arg` mark) and ``total_value`` its size."""
+    mention = arg(field, f"{shown} = {value}", value)
+    if left == total_value:
+        return f"{mention} does not divide {total}"
+    return f"{mention} does not divide the {left} ranks the other degrees leave of {total}"
+
+
+def undivided_fix(field: str, value: int, left: int) -> str:
+    """The fix (a template) for a degree :func:`undivided` blames: the nearest values that divide
+    the ranks it must split (:func:`divisors_near`).
+
+        >>> undivided_fix("tp", 7, 131072)
+        'use {tp=8} or {tp=4} (divisors of 131072)'
+    """
+    near = divisors_near(left, value)
+    what = "a divisor" if len(near) == 1 else "divisors"
+    return "use " + " or ".join(f"{{{field}={q}}}" for q in near) + f" ({what} of {left})"
 
 
 def positive_int(value: Any, field: str, *, auto: int | None = None, hint: str = "", fix: str | None = None) -> int:

@@ -347,8 +347,9 @@ def _draw_job_bar(plt, job: JobPlan, rank: int):
         ax.spines[sp].set_visible(False)
     outside = f"; {job.outside} ranks in no mesh" if job.outside else ""
     where = f"in {mine.label}" if mine is not None else "in no mesh"
+    hatched = "; hatched: every step-th rank of its span" if any(m.ranks.step > 1 for m in job.meshes.values()) else ""
     ax.set_title(
-        f"{n} meshes over a world of {world} ranks (a lane per mesh; hatched: every step-th rank){outside}\n"
+        f"{n} meshes over a world of {world} ranks (a lane per mesh{hatched}){outside}\n"
         f"rank {rank} is {where}",
         fontsize=9,
     )

@@ -15,13 +15,16 @@ computed from the layouts' modes, no torch needed), and where the groups sit on 
 degrees, ``--mesh`` (repeated) plans a job of disjoint meshes, each over part of the world, as
 ``init_device_mesh(..., ranks=range(START, STOP))`` builds them. Bad input exits with status 2,
 the error the API gives for the same value (naming the flags typed where it names their
-arguments: ``--tp 0``, not ``tp = 0``) and a one-line fix. ``bench`` runs
+arguments: ``--tp 0``, not ``tp = 0``) and a one-line fix: flags and values to type, each of
+which gets the command further (a flag typed wrong: ``did you mean --pp?``). ``bench`` runs
 :func:`rankmesh.bench.main`. Also available as ``python -m rankmesh``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +33,7 @@ from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
-from rankmesh._check import as_rank, positive_int
+from rankmesh._check import as_rank, divisors_near, positive_int
 from rankmesh._dependencies import install_hint
 from rankmesh._native import MAX_WORLD_SIZE
 from rankmesh.errors import RankmeshError, TopologyError
@@ -145,17 +148,22 @@ def _flag_message(e: RankmeshError, typed: Mapping[str, Sequence[str]]) -> str:
     return e.render(flag_of)
 
 
-def _plan_fix(e: RankmeshError, convention: str, degrees: Mapping[str, Any] | None = None) -> str:
+def _plan_fix(
+    e: RankmeshError, convention: str, degrees: Mapping[str, Any] | None = None, *, order_typed: bool = True
+) -> str:
     """The one-line fix for an error of :func:`build_plan` (or of the plan's dim lookup): the
     error's own fix with flags for argument names. For Megatron's ``--order``, the order that works
     (:func:`~rankmesh.megatron.order.working_order`): the one the error carries (``e.ctx["works"]``),
     else, for an order it could not read, the default order if it works with the plan's
-    ``degrees`` (``world_size`` and :func:`build_plan`'s Megatron degrees); never one not checked."""
+    ``degrees`` (``world_size`` and :func:`build_plan`'s Megatron degrees); never one not checked.
+    Where none works, the degrees are at fault: dropping a typed ``--order`` shows which."""
     fix = e.fix_text(_FLAG.get) or "see `rankmesh plan --help`"
     if e.field == "order" and convention == "megatron" and degrees is not None:
         works = e.ctx["works"] if "works" in e.ctx else working_order([DEFAULT_ORDER], **degrees)
         if works is not None:
             return f"{fix}, e.g. --order {works}"
+        if order_typed:
+            return f"{fix}; no order works with these degrees alone: drop --order, and the error names what to change"
         return f"{fix}; no order works with these degrees alone, so change them too"
     return fix
 
@@ -165,20 +173,115 @@ def _plan_fix(e: RankmeshError, convention: str, degrees: Mapping[str, Any] | No
 # -----------------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that adds a one-line fix to its errors (exit status 2); its subparsers are too."""
+#: A value each flag of ``rankmesh plan`` takes, for a fix that shows one (one that works on most
+#: worlds: a degree of 2 divides every even world).
+_EXAMPLE = {
+    "--world-size": "64",
+    "--tp": "2",
+    "--pp": "2",
+    "--cp": "2",
+    "--ep": "2",
+    "--etp": "1",
+    "--dp-replicate": "2",
+    "--dp-shard": "-1",
+    "--convention": "torchtitan",
+    "--mesh": "students=0:8:dp=2,tp=4",
+    "--order": DEFAULT_ORDER,
+    "--rank": "0",
+    "--gpus-per-node": "8",
+    "--strict": "ep,cp",
+    "--picture": "mesh.png",
+    "--dim": "tp",
+}
 
-    def error(self, message: str) -> NoReturn:
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that adds a one-line fix to its errors (exit status 2), one naming the flag at fault
+    and a value it takes (a flag typed wrong: the flag meant, by difflib); its subparsers are too.
+    ``commands`` holds the subparsers by name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, _Parser] = {}
+
+    def error(self, message: str, fix: str | None = None) -> NoReturn:
         self.print_usage(sys.stderr)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
-        if "invalid int value" in message:
-            fix = "every degree and size is an integer, e.g. --tp 8"
-        elif "invalid choice" in message:
-            fix = f"pick one of the choices named above (`{self.prog} --help` says what each does)"
-        else:
-            fix = f"see `{self.prog} --help`"
-        sys.stderr.write(f"fix: {fix}\n")
+        sys.stderr.write(f"fix: {self._fix(message) if fix is None else fix}\n")
         raise SystemExit(2)
+
+    def unrecognized(self, extra: Sequence[str]) -> NoReturn:
+        """Exit 2 for arguments this (sub)parser does not take: ``rankmesh plan --ppp 4`` says
+        ``did you mean --pp?``, by difflib over its own flags and the API's names for them
+        (``--tensor-model-parallel-size`` is ``--tp``), and which ``--help`` lists them."""
+        self.error(f"unrecognized arguments: {' '.join(extra)}", self._unknown_fix(list(extra)))
+
+    def _action(self, name: str) -> argparse.Action | None:
+        """The argument argparse's message names (``--tp``, ``{plan,status,run,bench}``)."""
+        for action in self._actions:
+            if name in action.option_strings or name in (action.metavar, action.dest, "/".join(action.option_strings)):
+                return action
+        return None
+
+    def _fix(self, message: str) -> str:
+        """The one-line fix for argparse's ``message`` (its own wording, read here: argparse's
+        errors carry no data)."""
+        if message.startswith("the following arguments are required: "):
+            flags = message.partition(": ")[2].split(", ")
+            return "add " + " ".join(f"{f} {_EXAMPLE.get(f, 'VALUE')}" for f in flags)
+        if message.startswith("ambiguous option: "):
+            flags = message.partition(" could match ")[2].split(", ")
+            return f"write the flag in full: {' or '.join(flags)}"
+        if not message.startswith("argument "):
+            return f"see `{self.prog} --help`"
+        name, _, why = message.removeprefix("argument ").partition(": ")
+        action = self._action(name)
+        flag = action.option_strings[-1] if action is not None and action.option_strings else name
+        example = _EXAMPLE.get(flag, "VALUE")
+        if why.startswith("invalid choice: ") and action is not None and action.choices:
+            typed = why.removeprefix("invalid choice: ").partition(" (choose from")[0].strip("'")
+            choices = [str(c) for c in action.choices]
+            close = difflib.get_close_matches(typed, choices, n=1)
+            listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
+            if not action.option_strings:  # a command
+                commands = ", ".join(choices)
+                said = f"did you mean `{self.prog} {close[0]}`? " if close else f"the commands are {commands}; "
+                return f"{said}`{self.prog} --help` says what each does"
+            if close:
+                return f"did you mean {flag} {close[0]}? ({flag} takes {listed})"
+            return f"{flag} takes {listed}, e.g. {flag} {choices[0]}"
+        if "invalid int value" in why:
+            return f"{flag} takes an integer, e.g. {flag} {example}"
+        if why.startswith("expected one argument"):
+            return f"give {flag} a value, e.g. {flag} {example}"
+        return f"see `{self.prog} --help`"
+
+    def _unknown_fix(self, extra: list[str]) -> str:
+        """``did you mean --pp?`` for each unknown flag close to one of this parser's (or to the
+        API's name for one), ``drop ...`` for the rest; and which ``--help`` lists the flags."""
+        options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        api_names = {"--" + k.replace("_", "-"): f for k, f in _FLAG.items() if f in options}
+        meant: list[tuple[str, str]] = []
+        dropped: list[str] = []
+        for i, token in enumerate(extra):
+            flag = token.partition("=")[0]
+            if token.startswith("--"):
+                close = difflib.get_close_matches(flag, options + list(api_names), n=1)
+                if close:
+                    meant.append((flag, api_names.get(close[0], close[0])))
+                    continue
+            elif i and extra[i - 1].startswith("--") and "=" not in extra[i - 1]:  # an unknown flag's value
+                if extra[i - 1] in (old for old, _ in meant):
+                    continue
+            dropped.append(token)
+        parts = []
+        if len(meant) == 1:
+            parts.append(f"did you mean {meant[0][1]}?")
+        elif meant:
+            parts.append("did you mean " + ", ".join(f"{new} (not {old})" for old, new in meant) + "?")
+        if dropped:
+            parts.append(f"drop {' '.join(dropped)};")
+        return " ".join(parts + [f"`{self.prog} --help` lists its flags"])
 
 
 def _version() -> str:
@@ -188,12 +291,13 @@ def _version() -> str:
     return f"rankmesh {rankmesh.__version__} ({os.path.dirname(rankmesh.__file__)})"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _Parser:
     p = _Parser(prog="rankmesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub_parsers = p.commands
     p.add_argument("--version", action="version", version=_version(), help="print rankmesh's version and exit")
     sub = p.add_subparsers(dest="command", metavar="{plan,status,run,bench}")
     sub.required = True
-    q = sub.add_parser(
+    q = sub_parsers["plan"] = sub.add_parser(  # type: ignore[assignment]
         "plan",
         help="print the layouts, groups, process-group count and topology of a configuration",
         description="Print the resolved degrees, every mesh and dim, one rank's groups, the process "
@@ -236,7 +340,7 @@ def _parser() -> argparse.ArgumentParser:
         "--dim", default=None,
         help="dim to colour in the picture: tp or mesh.dim (default tp; with --mesh, the shades in each mesh)",
     )
-    sub.add_parser(
+    sub_parsers["status"] = sub.add_parser(  # type: ignore[assignment]
         "status",
         help="say which patches the switch (RANKMESH_ACCELERATE=1) installs in this environment, and why not",
         description="For this environment, without starting a job: whether RANKMESH_ACCELERATE turns the switch "
@@ -267,12 +371,13 @@ def _world_and_rank(a: argparse.Namespace) -> tuple[int, int]:
         why = "ranks are int32 in torch" if world > MAX_WORLD_SIZE else "plan prints whole groups"
         raise BadInput(
             f"--world-size {world} is larger than rankmesh plan's limit of {PLAN_LIMIT} ranks ({why})",
-            f"use --world-size <= {PLAN_LIMIT}",
+            f"use --world-size {PLAN_LIMIT} or less",
         )
     try:
         rank = as_rank(a.rank, world, "rank")
     except RankmeshError as e:
-        raise BadInput(e, f"pass a --rank between 0 and {world - 1}") from e
+        example = 0 if a.rank < 0 else world - 1
+        raise BadInput(e, f"pass a rank of the world (0 to {world - 1}), e.g. --rank {example}") from e
     return world, rank
 
 
@@ -282,11 +387,14 @@ def _gpus_per_node(a: argparse.Namespace, world: int) -> tuple[int, str, str | N
         try:
             return positive_int(a.gpus_per_node, "gpus_per_node"), "flag", None
         except RankmeshError as e:
-            raise BadInput(e, "pass the ranks per node, e.g. --gpus-per-node 8") from e
+            gpn = math.gcd(DEFAULT_GPUS_PER_NODE, world)  # one that divides the world
+            raise BadInput(e, f"pass the ranks per node, e.g. --gpus-per-node {gpn}") from e
     try:
         env = gpus_per_node_from_env()  # topology's reading: unset -> None, invalid -> TopologyError
     except TopologyError as e:
-        raise BadInput(e, "set LOCAL_WORLD_SIZE to the GPUs per node, or unset it, or pass --gpus-per-node") from e
+        gpn = math.gcd(DEFAULT_GPUS_PER_NODE, world)
+        fix = f"set LOCAL_WORLD_SIZE to the GPUs per node, or unset it, or pass --gpus-per-node {gpn}"
+        raise BadInput(e, fix) from e
     if env is not None:
         return env, "env", None
     gpn = DEFAULT_GPUS_PER_NODE
@@ -308,7 +416,7 @@ def _check_picture(a: argparse.Namespace) -> None:
     """Refuse a --picture that cannot be drawn or written before any work is done."""
     if a.picture is None:
         if a.dim is not None:
-            raise BadInput("--dim only chooses what --picture colours", "add --picture out.png, or drop --dim")
+            raise BadInput("--dim only chooses what --picture colours", "add --picture mesh.png, or drop --dim")
         return
     path = Path(a.picture)
     if path.suffix.lower() not in PICTURE_SUFFIXES:
@@ -319,7 +427,8 @@ def _check_picture(a: argparse.Namespace) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise BadInput(
-            f"--picture: the folder {str(parent)!r} does not exist", f"create it first, or write to ./{path.name}"
+            f"--picture: the folder {str(parent)!r} does not exist",
+            f"create it first, or write here: --picture {path.name}",
         )
     if path.is_dir():
         raise BadInput(
@@ -346,11 +455,13 @@ def _degrees(a: argparse.Namespace, **override: object) -> dict[str, object]:
     return {k: v for k, v in (given | override).items() if v is not None}
 
 
-def _node_size_fix(gpn: int, gpn_source: str) -> str:
-    """The fix for a node size that topology's own checks refuse."""
+def _node_size_fix(gpn: int, gpn_source: str, world: int) -> str:
+    """The fix for a node size that topology's own checks refuse: node sizes that divide the world
+    (the nearest, :func:`~rankmesh._check.divisors_near`)."""
+    sizes = " or ".join(f"--gpus-per-node {n}" for n in divisors_near(world, gpn))
     if gpn_source == "env":
-        return f"LOCAL_WORLD_SIZE={gpn} does not fit: set it to the real GPUs per node, or pass --gpus-per-node"
-    return f"make --world-size a multiple of {gpn}, or pass the real --gpus-per-node"
+        return f"LOCAL_WORLD_SIZE={gpn} does not fit: set it to the real GPUs per node, or pass {sizes}"
+    return f"pass the real GPUs per node ({sizes} divide the world), or make --world-size a multiple of {gpn}"
 
 
 def _job(a: argparse.Namespace, out: TextIO) -> int:
@@ -364,7 +475,7 @@ def _job(a: argparse.Namespace, out: TextIO) -> int:
             fix = f"drop {flag}: each --mesh is a plain DeviceMesh (init_device_mesh with ranks=); "
             fix += "the topology lines say which groups cross nodes" if name == "strict" else "no convention applies"
         else:
-            fix = f"drop {flag} and give each mesh its sizes, e.g. --mesh students=0:{max(1, world // 2)}:dp=-1,tp=2"
+            fix = f"drop {flag}: each --mesh gives its own sizes, e.g. students=0:{max(1, world // 2)}:dp=-1,tp=2"
         raise BadInput(f"{flag} does not apply with --mesh: each mesh gives its own dims", fix)
     gpn, gpn_source, gpn_note = _gpus_per_node(a, world)
     _check_picture(a)
@@ -379,7 +490,7 @@ def _job(a: argparse.Namespace, out: TextIO) -> int:
     try:
         report = job_topology(job, rank, gpn)
     except RankmeshError as e:
-        raise BadInput(e, _node_size_fix(gpn, gpn_source)) from e
+        raise BadInput(e, _node_size_fix(gpn, gpn_source, world)) from e
     out.write(format_job_plan(job, rank, report))
     if a.picture is not None:
         from rankmesh._picture import draw_job_picture
@@ -411,14 +522,15 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
             plan.find_dim(a.dim)  # before printing
     except RankmeshError as e:
         megatron = {k: v for k, v in _degrees(a).items() if k in ("tp", "pp", "cp", "ep", "etp")}
-        raise BadInput(e, _plan_fix(e, convention, {"world_size": world, **megatron})) from e
+        fix = _plan_fix(e, convention, {"world_size": world, **megatron}, order_typed=a.order is not None)
+        raise BadInput(e, fix) from e
     if gpn_note:
         plan.notes.append(gpn_note)
 
     try:  # topology's own checks of the node size
         report = plan_topology(plan, rank, gpn)
     except RankmeshError as e:
-        raise BadInput(e, _node_size_fix(gpn, gpn_source)) from e
+        raise BadInput(e, _node_size_fix(gpn, gpn_source, world)) from e
     violation: TopologyError | None = None
     if strict is not None:
         try:  # topology's strict mode: unknown families at once, a violation after the plan is shown
@@ -434,7 +546,7 @@ def _plan(a: argparse.Namespace, out: TextIO) -> int:
     if violation is not None:
         raise BadInput(
             violation,
-            f"keep {violation.field} inside a node (the fastest dim, with a size dividing --gpus-per-node {gpn}), "
+            f"keep {violation.field} inside a node (the fastest dim, with a size dividing the {gpn} GPUs per node), "
             "or drop --strict",
         )
     if strict is not None:
@@ -509,8 +621,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(bench.main(argv[1:]) or 0)
     if argv and argv[0] == "run":
         return _run(argv[1:])
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the command's own parser says which of its flags was meant
+            parser.commands.get(args.command, parser).unrecognized(extra)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return int(e.code or 0)
     if args.command == "status":

@@ -15,9 +15,9 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rankmesh._check import as_sequence, check_str, positive_int
+from rankmesh._check import as_sequence, check_str, divisors_near, positive_int
 from rankmesh._groups import DEFAULT, group_key, is_fake
-from rankmesh._native import MeshLayout, Slice
+from rankmesh._native import MAX_WORLD_SIZE, MeshLayout, Slice
 from rankmesh._plan_parts import WHOLE_WORLD_LIMIT, GroupCount, format_group
 from rankmesh.errors import (
     DuplicateNameError,
@@ -119,21 +119,51 @@ def _spec(label: str, r: range, dims: Sequence[tuple[str, int]]) -> str:
     """The spec text of a mesh (for fixes)."""
     step = f":{r.step}" if r.step != 1 else ""
     degrees = ":" + ",".join(f"{n}={s}" for n, s in dims) if dims else ""
-    return f"{label}={r.start}:{r.stop}{step}{degrees}"
+    return f"{label}={r.start}:{r[-1] + 1 if r else r.stop}{step}{degrees}"
+
+
+def _ranks_from(start: int, step: int, n: int) -> range:
+    """``n`` ranks from ``start``, ``step`` apart (for a fix; the range does the arithmetic)."""
+    return range(start, MAX_WORLD_SIZE + start + 1, step)[:n]
+
+
+#: Names of parallelisms a mesh spec may try that are no dim here, and the dim that does their work.
+_ALIASES = {"sp": "cp", "seq": "cp", "sequence": "cp", "context": "cp", "tensor": "tp", "mp": "tp",
+            "pipeline": "pp", "data": "dp", "expert": "ep", "replicate": "dp_replicate", "shard": "dp_shard"}
+
+
+def _closest_dim(name: str, taken: Sequence[str]) -> str | None:
+    """The accepted dim name closest to ``name`` (one a spec may try: ``sp`` is ``cp``'s work, else
+    difflib's nearest) that the spec does not name already; None when none is close."""
+    free = [n for n in DEGREE_NAMES if n not in taken]
+    alias = _ALIASES.get(name.lower())
+    if alias in free:
+        return alias
+    close = difflib.get_close_matches(name, free, n=1)
+    return close[0] if close else None
+
+
+def _label_like(label: str) -> str:
+    """A mesh name like ``label`` (letters, digits, ``_`` and ``-``, a letter first), for a fix."""
+    clean = re.sub(r"[^A-Za-z0-9_-]", "_", label)
+    return clean if _LABEL.fullmatch(clean) else "mesh" if not clean or ":" in label else f"m{clean}"
 
 
 def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]]]:
     """``students=0:8:dp=2,tp=4`` -> ``("students", range(0, 8), [("dp", 2), ("tp", 4)])``,
-    checked against a world of ``world`` ranks (sizes not yet against the range)."""
+    checked against a world of ``world`` ranks (sizes not yet against the range). Each fault's fix
+    is the spec mended, as a ``{mesh=...}`` a command can take."""
     check_str(spec, "mesh")
-    example = f"{{mesh=students=0:{max(1, world // 2)}:dp=-1}}"
     label, eq, rest = spec.partition("=")
     if not eq or not _LABEL.fullmatch(label):
-        why = "it has no NAME= before the ranks" if not eq or not label else f"{label!r} is not a mesh name"
+        nameless = not eq or not label or ":" in label
+        why = "it has no NAME= before the ranks" if nameless else f"{label!r} is not a mesh name"
+        named = f"mesh={spec}" if not eq or ":" in label else f"{_label_like(label)}={rest}"
         raise _mesh_error(
             MeshArgumentError, spec, f"{why}; write {MESH_SYNTAX}",
-            f"name the mesh with a letter first, then its ranks, e.g. {example}", kind="mesh_syntax",
+            f"name the mesh with a letter first, then its ranks, e.g. {{mesh={named}}}", kind="mesh_syntax",
         )
+    example = f"{{mesh={label}=0:{max(1, world // 2)}:dp=-1}}"
     parts = rest.split(":")
     dims_text = parts.pop() if "=" in parts[-1] else None
     if len(parts) not in (2, 3) or not all(_INT.fullmatch(p) for p in parts):
@@ -142,59 +172,101 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
             f"write the ranks as START:STOP (STOP excluded) and the dims last, e.g. {example}", kind="mesh_syntax",
         )
     start, stop, step = (int(p) for p in parts + ["1"] * (3 - len(parts)))
+    items = [] if dims_text is None else dims_text.split(",")
+
+    def mended(k: int, item: str | None) -> str:
+        """The spec with dim item ``k`` replaced by ``item`` (None: dropped), as a fix's ``{mesh=...}``."""
+        kept = [x for i, x in enumerate(items) if i != k] if item is None else items[:k] + [item] + items[k + 1:]
+        return "{mesh=" + f"{label}={':'.join(parts)}" + (f":{','.join(kept)}" if kept else "") + "}"
+
     dims: list[tuple[str, int]] = []
-    for item in [] if dims_text is None else dims_text.split(","):
+    for k, item in enumerate(items):
         name, eq, size = item.partition("=")
         name = name.replace("-", "_")
         if not eq or not _INT.fullmatch(size):
-            raise _mesh_error(
-                MeshArgumentError, spec, f"{item!r} is not DIM=SIZE",
-                f"give the dims as DIM=SIZE, comma-separated, slowest first, e.g. {example}", kind="mesh_syntax",
-            )
+            fix = "give the dims as DIM=SIZE, comma-separated, slowest first"
+            fix += f", e.g. {mended(k, f'{name}=-1')}" if name in DEGREE_NAMES and eq == "" else f", e.g. {example}"
+            raise _mesh_error(MeshArgumentError, spec, f"{item!r} is not DIM=SIZE", fix, kind="mesh_syntax")
         if name not in DEGREE_NAMES:
-            close = difflib.get_close_matches(name, DEGREE_NAMES, n=1)
-            hint = f"{close[0]} instead of {name}" if close else f"a dim named {', '.join(DEGREE_NAMES)}"
-            raise _mesh_error(UnknownNameError, spec, f"{name!r} is not a dim name; use {', '.join(DEGREE_NAMES)}",
-                              f"write {hint}")
-        if name in (n for n, _ in dims):
-            raise _mesh_error(DuplicateNameError, spec, f"it names {name} twice", f"give {name} once")
-        if int(size) < 1 and int(size) != -1:
+            taken = [x.partition("=")[0].replace("-", "_") for x in items]
+            close = _closest_dim(name, taken)
+            if close is not None:
+                fix = f"did you mean {close}? e.g. {mended(k, f'{close}={size}')}"
+            else:
+                fix = f"name each dim one of {', '.join(DEGREE_NAMES)}, or drop {name}: {mended(k, None)}"
             raise _mesh_error(
-                InvalidSizeError, spec, f"{name}={size}: a size is >= 1 (or -1: the rest)",
-                f"use {name}=1 for no {name}, or {name}=-1 for the ranks the other dims leave",
+                UnknownNameError, spec, f"{name!r} is not a dim name; the accepted names are {', '.join(DEGREE_NAMES)}",
+                fix,
+            )
+        if name in (n for n, _ in dims):
+            once = f"give {name} once: {mended(k, None)}"
+            raise _mesh_error(DuplicateNameError, spec, f"it names {name} twice", once)
+        if int(size) < 1 and int(size) != -1:
+            fix = f"use {name}=1 for no {name}: {mended(k, f'{name}=1')}"
+            if not any(x.partition("=")[2] == "-1" for x in items):
+                fix += f", or {name}=-1 for the ranks the other dims leave: {mended(k, f'{name}=-1')}"
+            raise _mesh_error(
+                InvalidSizeError, spec, f"{name}={size}: a size is >= 1 (or -1: the rest)", fix,
                 kind="degree_not_positive",
             )
         dims.append((name, int(size)))
     if step < 1:
-        raise _mesh_error(InvalidSizeError, spec, f"step {step} is not >= 1", "use a step >= 1 (1: every rank)",
+        raise _mesh_error(InvalidSizeError, spec, f"step {step} is not >= 1",
+                          f"use a step >= 1 (1: every rank), e.g. {{mesh={_spec(label, range(start, stop), dims)}}}",
                           kind="empty_mesh")
     ranks = range(start, stop, step)
     if not ranks:
-        fix = f"put STOP after START, e.g. {{mesh={_spec(label, range(stop, start, step), dims)}}}"
-        if start == stop:
-            fix = f"put STOP after START: {label}={start}:{start + 1} is rank {start} alone"
+        need = math.prod(size for _, size in dims if size > 0)
+        turned = range(stop, start, step) if stop < start else _ranks_from(start, step, need)
         raise _mesh_error(
-            InvalidSizeError, spec, f"range({start}, {stop}, {step}) holds no rank", fix, kind="empty_mesh"
+            InvalidSizeError, spec, f"range({start}, {stop}, {step}) holds no rank",
+            f"put STOP after START, e.g. {{mesh={_spec(label, turned, dims)}}}", kind="empty_mesh",
         )
     if start < 0 or ranks[-1] >= world:
         where = f"starts at {start}" if start < 0 else f"reaches rank {ranks[-1]}"
+        moved = _ranks_from(0, step, len(ranks)) if start < 0 else range(world - 1, -1, -step)[: len(ranks)][::-1]
+        fix = f"keep its ranks in 0..{world - 1} (STOP is excluded: at most {world})"
+        if len(moved) == len(ranks) and moved[-1] < world:
+            fix += f", e.g. {{mesh={_spec(label, moved, dims)}}}"
+        if start >= 0:
+            fix += f", or pass a larger {{world_size={ranks[-1] + 1}}}"
         raise _mesh_error(
-            RankOutOfRangeError, spec, f"it {where}, outside the world of {world} ranks (0..{world - 1})",
-            f"keep its ranks in 0..{world - 1} (STOP is excluded: at most {world}), or pass a larger {{world_size}}",
+            RankOutOfRangeError, spec, f"it {where}, outside the world of {world} ranks (0..{world - 1})", fix,
         )
     return label, ranks, dims
 
 
-def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """The dims with -1 resolved; their product must be the number of ranks (no dims: 1-D)."""
+def _fitted(dims: list[tuple[str, int]], n: int) -> list[tuple[str, int]]:
+    """``dims`` mended to fit ``n`` ranks: one dim takes the rest (-1: the one given, else the first
+    whose others divide ``n``, else the first) and each other size that does not divide what is
+    left becomes the nearest one that does (:func:`~rankmesh._check.divisors_near`)."""
+    sizes = [size for _, size in dims]
+    fill = sizes.index(-1) if -1 in sizes else next(
+        (i for i in range(len(dims)) if n % math.prod(sizes[:i] + sizes[i + 1:]) == 0), 0
+    )
+    left, out = n, []
+    for i, (name, size) in enumerate(dims):
+        if i != fill and left % size:
+            size = divisors_near(left, size)[0]
+        if i != fill:
+            left //= size
+        out.append((name, -1 if i == fill else size))
+    return out
+
+
+def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]], world: int) -> list[tuple[str, int]]:
+    """The dims with -1 resolved; their product must be the number of ranks (no dims: 1-D). A fix
+    gives the mesh the ranks its sizes need (a larger world where it must), or sizes that fit its
+    ranks."""
     n = len(ranks)
     rest = [name for name, size in dims if size == -1]
     given = [(name, size) for name, size in dims if size != -1]
     known = math.prod(size for _, size in given)
     if len(rest) > 1:
+        one = [(name, 1 if name in rest[1:] else size) for name, size in dims]
         raise _mesh_error(
             SizeMismatchError, spec, f"{' and '.join(rest)} are both -1; one dim at most takes the rest",
-            f"give every size but one, e.g. {rest[0]}=-1 and {rest[1]}=1",
+            f"give every size but one, e.g. {{mesh={_spec(label, ranks, one)}}}",
         )
     if not dims or (rest and n % known == 0) or (not rest and known == n):
         return [(name, n // known if size == -1 else size) for name, size in dims]
@@ -203,12 +275,12 @@ def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]]) -> 
     else:
         product = f"{'*'.join(name for name, _ in given)} = {'*'.join(str(size) for _, size in given)} = {known}"
     what = "does not divide" if rest else "is not"
-    fill = rest[0] if rest else dims[-1][0] if len(dims) == 1 else dims[0][0]
-    fit = _spec(label, ranks[:known], dims)  # the first known ranks, same step
-    raise _mesh_error(
-        SizeMismatchError, spec, f"{product} {what} its {n} ranks ({ranks[0]}..{ranks[-1]})",
-        f"make the sizes multiply to {n} ({fill}=-1 takes the rest), or give it {known} ranks: {{mesh={fit}}}",
-    )
+    need = known * -(-n // known) if rest else known  # the ranks the sizes need (a multiple of known, with -1)
+    grown = _ranks_from(ranks.start, ranks.step, need)
+    wider = f" and {{world_size={grown[-1] + 1}}}" if grown[-1] >= world else ""
+    fix = f"give it {need} ranks: {{mesh={_spec(label, grown, dims)}}}{wider}, or " if len(grown) == need else ""
+    fix += f"sizes that multiply to its {n} ranks: {{mesh={_spec(label, ranks, _fitted(dims, n))}}}"
+    raise _mesh_error(SizeMismatchError, spec, f"{product} {what} its {n} ranks ({ranks[0]}..{ranks[-1]})", fix)
 
 
 def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
@@ -242,9 +314,10 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
             "a job needs at least one mesh", field="mesh", value=meshes, fix=f"give each mesh as {MESH_SYNTAX}"
         )
     out: dict[str, PlacedMesh] = {}
+    given: dict[str, list[tuple[str, int]]] = {}  # each mesh's dims as given (-1 resolved), for fixes
     for spec in meshes:
         label, ranks, dims = _parse_mesh(spec, world)
-        dims = _sizes(spec, label, ranks, dims)
+        dims = _sizes(spec, label, ranks, dims, world)
         if label in out:
             raise _mesh_error(DuplicateNameError, spec, f"a second mesh named {label!r}",
                               f"name each mesh once, e.g. {{mesh={label}2{spec[len(label):]}}}")
@@ -252,11 +325,13 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
             shared = Slice.of_range(other.ranks).first_shared_rank(Slice.of_range(ranks))  # O(log step)
             if shared is None:
                 continue
-            (a, ra), (b, rb) = sorted([(other.label, other.ranks), (label, ranks)], key=lambda m: m[1].start)
-            if ra.step == rb.step == 1:
-                fix = f"stop {a} at {rb.start}, or start {b} at {ra.stop}"
-            else:
-                fix = "give each mesh ranks of its own (a job's meshes are disjoint)"
+            # the mesh that starts later moves after the other, keeping its sizes
+            (a, ra, _), (b, rb, b_dims) = sorted(
+                [(other.label, other.ranks, given[other.label]), (label, ranks, dims)], key=lambda m: m[1].start
+            )
+            moved = _ranks_from(ra[-1] + 1, rb.step, len(rb))
+            wider = f" and {{world_size={moved[-1] + 1}}}" if moved[-1] >= world else ""
+            fix = f"give each mesh ranks of its own, e.g. move {b} after {a}: {{mesh={_spec(b, moved, b_dims)}}}{wider}"
             raise _mesh_error(
                 MeshArgumentError, spec,
                 f"it shares rank {shared} with {arg('mesh', f'mesh {other.spec!r}', repr(other.spec))} "
@@ -267,6 +342,7 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
         if dims:
             layout = layout.unflatten("world", [s for _, s in dims], [n for n, _ in dims])
         out[label] = PlacedMesh(spec, label, ranks, layout)
+        given[label] = dims
     return JobPlan(world, out)
 
 

@@ -39,7 +39,18 @@ from typing import Any
 
 import numpy as np
 
-from rankmesh._check import as_int, as_layout, as_rank, check_degrees, degree_fix, positive_int, type_name
+from rankmesh._check import (
+    as_int,
+    as_layout,
+    as_rank,
+    check_degrees,
+    degree_fix,
+    positive_int,
+    type_name,
+    undivided,
+    undivided_fix,
+    undivided_text,
+)
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ArgumentTypeError, DistributedStateError, ParallelConfigError, SizeMismatchError, arg
 
@@ -139,15 +150,16 @@ def single_mesh(
     others = deg["pp"] * deg["dp_replicate"] * deg["ep"] * deg["tp"]
     if deg["dp_shard"] == -1:
         if world_size % others:
+            name, value, left = undivided(world_size, [(n, deg[n]) for n in ("pp", "dp_replicate", "ep", "tp")])
+            world = arg("world_size", f"world_size {world_size}", world_size)
             raise SizeMismatchError(
-                f"{arg('world_size', f'world_size {world_size}', world_size)} is not divisible by "
-                f"pp*dp_replicate*ep*tp = {others}, so "
-                "dp_shard=-1 cannot fill the rest; change the degrees or the world size",
+                f"{world} is not divisible by pp*dp_replicate*ep*tp = {others}, so dp_shard=-1 cannot fill the "
+                f"rest: {undivided_text(name, name, value, left, arg('world_size'), world_size)}",
                 field="dp_shard",
                 value=-1,
                 kind="world_not_divisible",
                 ctx={"world_size": world_size, "divisor": others},
-                fix="make {world_size} a multiple of pp*dp_replicate*ep*tp, or change the degrees",
+                fix=f"{undivided_fix(name, value, left)}, or make {{world_size}} a multiple of {others}",
             )
         deg["dp_shard"] = world_size // others
     total = others * deg["dp_shard"]

@@ -1,8 +1,9 @@
 """Benchmark: end-to-end mesh init per rank, rankmesh vs stock torch, side by side in one run.
 
 The number that counts is end to end, with real ``DeviceMesh`` objects: every mesh the framework
-asks for. Five recipes (the first four with tp=8 pp=4 cp=2 ep=8 dp_replicate=2 dp_shard=auto),
-fake backend, one fresh process per measurement standing in for one rank:
+asks for. The recipes below (``--recipe``; the torchtitan ones with tp=8 pp=4 cp=2 ep=8
+dp_replicate=2 dp_shard=auto), fake backend, one fresh process per measurement standing in for one
+rank:
 
 - ``parallel_dims``: torchtitan's ``ParallelDims.build_mesh()`` (commit 183a0d2) plus fetching
   every single-dim mesh and every combination inside one global mesh (56 requests);
@@ -34,7 +35,7 @@ fake backend, one fresh process per measurement standing in for one rank:
   ``RANKMESH_ACCELERATE=1`` (the time its hooks spend installing patches during the imports,
   :func:`rankmesh.switch.install_seconds`, counts towards the first build). ``new_group`` path only.
 - ``reform_parallel_dims``, ``reform_megatron``, ``reform_fsdp``: re-forming every mesh after a
-  failure (issue 36): a spare takes the place of rank W/3 of a job of W + 1 and the survivors
+  failure: a spare takes the place of rank W/3 of a job of W + 1 and the survivors
   are renumbered in order; rankmesh = :func:`rankmesh.recovery.hot_spare` + ``activate()`` + the
   tree (``rankmesh.ParallelDims``, ``rankmesh.megatron.initialize_model_parallel``, a plain FSDP2
   ``init_device_mesh`` tree with a ``_flatten``); torch = the same tree rebuilt by torch's own
@@ -56,9 +57,15 @@ others (a machine that has run rankmesh once). Reported per point: median warm a
 ratio, rankmesh's fresh-install first build, peak RSS added by the warm build (VmHWM after
 resetting it, minus the RSS before), the process groups this rank holds.
 
+Before it starts, ``rankmesh bench`` says on stderr what it is about to run (worlds, recipes,
+paths, worker processes) and, when stock torch is measured at 2^18 ranks or more, that each such
+measurement takes about a minute or more (two builds of ~1 min each at 2^20) and how to run a
+quick one.
+
 Usage::
 
-    rankmesh bench                          # worlds 2^10 .. 2^20, both recipes and paths
+    rankmesh bench                          # worlds 2^10 .. 2^20, every recipe and path: an hour or more
+    rankmesh bench --worlds 10,12 --recipe parallel_dims    # a quick run: a minute or two
     rankmesh bench model                    # time to a parallelised model (rankmesh.bench.model)
     rankmesh bench --worlds 10,17 --repeats 3 --recipe titan030 --path new_group
     python -m rankmesh.bench.meshes --worker rankmesh --recipe titan030 --path new_group --world 131072
@@ -492,13 +499,63 @@ def parse_worlds(p: argparse.ArgumentParser, text: str) -> list[int]:
 
 
 
+#: What the heads-up's estimate assumes (docs/benchmarks.md, torch 2.15): a worker process starts in
+#: ~3 s (imports), and stock torch builds ``parallel_dims`` in ~55 us per rank (57 s at 2^20), twice per
+#: measurement (cold, then warm); rankmesh's builds take milliseconds.
+WORKER_START_S = 3.0
+TORCH_S_PER_RANK = 55e-6
+#: A run that takes a minute or two, which the heads-up suggests.
+QUICK_RUN = "rankmesh bench --worlds 10,12 --recipe parallel_dims"
+
+
+def _samples(args: argparse.Namespace, impl: str, world: int) -> int:
+    """The worker processes one point runs: the measurements, and for rankmesh one more first, on a
+    fresh install."""
+    return (args.repeats + 1) if impl == "rankmesh" else (args.torch_repeats if world < 2**17 else 1)
+
+
+def heads_up(
+    args: argparse.Namespace, impls: list[str], recipes: list[str], paths: list[str], worlds: list[int]
+) -> str:
+    """What a run is about to do, printed on stderr before it starts: its points, worker processes
+    and a rough time (:data:`WORKER_START_S`, :data:`TORCH_S_PER_RANK`); at 2^18 ranks or more with
+    stock torch, that each of its measurements takes a minute or more, and how to run a quick one."""
+    points = [
+        (impl, world)
+        for recipe in recipes
+        for path in paths
+        for world in worlds
+        for impl in impls
+        if (impl, recipe, path) not in NOT_MEASURABLE
+    ]
+    workers = sum(_samples(args, impl, world) for impl, world in points) + len(worlds) * ("split_group" in paths)
+    seconds = workers * WORKER_START_S + sum(
+        _samples(args, impl, world) * 2 * TORCH_S_PER_RANK * world for impl, world in points if impl == "torch"
+    )
+    sizes = ", ".join(f"2^{w.bit_length() - 1}" for w in worlds)
+    text = (
+        f"rankmesh bench: about to run {len(points)} points in {workers} worker processes, "
+        f"roughly {max(1, round(seconds / 60))} min or more\n"
+        f"  worlds {sizes}; recipes {', '.join(recipes)}; paths {', '.join(paths)}; {' and '.join(impls)}\n"
+    )
+    if "torch" in impls and max(worlds) >= 2**18:
+        text += (
+            f"  stock torch takes about a minute per build at 2^20 ranks, two builds per measurement; "
+            f"for a quick run: {QUICK_RUN}\n"
+        )
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line of ``rankmesh bench`` (and of its workers, with the hidden flags)."""
     p = argparse.ArgumentParser(
         prog="rankmesh bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--worlds", default=DEFAULT_WORLDS, help=f"log2 world sizes, comma-separated (default {DEFAULT_WORLDS})"
+        "--worlds",
+        default=DEFAULT_WORLDS,
+        help=f"log2 world sizes, comma-separated (default {DEFAULT_WORLDS}; stock torch takes a minute or more "
+        f"per build at 20; a quick run: {QUICK_RUN.removeprefix('rankmesh bench ')})",
     )
     p.add_argument("--repeats", type=int, default=5, help="measurements per point for rankmesh (default 5)")
     p.add_argument(
@@ -508,7 +565,9 @@ def _parser() -> argparse.ArgumentParser:
         help="stock torch measurements per point below 2^17 (default 3; 1 above)",
     )
     p.add_argument("--impl", choices=IMPLS, action="append", help="only these implementations")
-    p.add_argument("--recipe", choices=RECIPES, action="append", help="only these recipes")
+    p.add_argument(
+        "--recipe", choices=RECIPES, action="append", help=f"only these recipes (default: all {len(RECIPES)} installed)"
+    )
     p.add_argument("--path", choices=PATHS, action="append", help="only these process-group paths")
     p.add_argument("--rank", type=int, default=0, help="rank to stand in for (default: 0)")
     p.add_argument(
@@ -558,11 +617,10 @@ def _measure_points(
                 for impl in impls:
                     if (impl, recipe, path) in NOT_MEASURABLE:
                         continue
-                    n = args.repeats if impl != "torch" else (args.torch_repeats if world < 2**17 else 1)
                     fresh = impl == "rankmesh"  # first a process on a fresh install: an empty cache
                     if fresh:
                         shutil.rmtree(cache, ignore_errors=True)
-                    for i in range(n + fresh):
+                    for i in range(_samples(args, impl, world)):
                         worker = ["--worker", impl, "--recipe", recipe, "--path", path, "--world", str(world)]
                         switch = impl == "rankmesh" and recipe in SWITCHED
                         s = _run_worker([*worker, "--rank", str(args.rank)], cache, switch=switch)
@@ -595,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--worlds: sizes must be between 2^8 and 2^30 for this config, got {bad}")
     impls, recipes, paths = args.impl or list(IMPLS), _installed_recipes(p, args), args.path or list(PATHS)
+    print(heads_up(args, impls, recipes, paths, worlds), end="", file=sys.stderr, flush=True)
     cache = os.path.join(tempfile.mkdtemp(prefix="rankmesh-bench-"), "cache")  # this run's verdicts
     samples = _measure_points(args, impls, recipes, paths, worlds, cache)
     split_calls = []

@@ -17,7 +17,7 @@ Reported per point: the median of each phase (mesh, model, parallelise, step) of
 cold call's total, the peak RSS the warm call added (VmHWM reset before it), and the process groups
 it created on this rank.
 
-The targets (issue 16): rankmesh's parallelise phase at 2^20 within 1.25x of its time at 2^12
+The targets: rankmesh's parallelise phase at 2^20 within 1.25x of its time at 2^12
 (same group shapes), and at most 64 MB more peak extra RSS.
 
 Usage::

@@ -21,7 +21,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rankmesh._check import as_int, check_degrees, check_str, degree_fix, positive_int
+from rankmesh._check import (
+    as_int,
+    check_degrees,
+    check_str,
+    degree_fix,
+    positive_int,
+    undivided,
+    undivided_fix,
+    undivided_text,
+)
 from rankmesh._native import MeshLayout
 from rankmesh.errors import (
     ArgumentTypeError,
@@ -42,9 +51,16 @@ __all__ = ["MEGATRON_DIMS", "DEFAULT_ORDER", "order_problem", "working_order"]
 MEGATRON_DIMS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp")
 #: ``initialize_model_parallel``'s default order.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
-# The fixes (RankmeshError.fix templates) of a bad order and of a world the degrees do not divide.
+# The fix (a RankmeshError.fix template) of a bad order.
 ORDER_FIX = "name every dim of size > 1 once in {order}, joined by '-' with pp last"
-_WORLD_FIX = "make {world_size} a multiple of tp*pp*cp and of etp*ep*pp, or change the degrees"
+#: The argument of model_parallel_layout (and of initialize_model_parallel) each degree is passed as.
+_MEGATRON_ARGS = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
 
 
 class _Fault(NamedTuple):
@@ -322,19 +338,22 @@ class LayoutCheck(_OrderCheck):
         """The error of a world that the dense (or the expert) degrees do not divide: a
         SizeMismatchError, a RuntimeError like megatron-core's."""
         w = self.world_size
-        what, factors = ("tp*pp*cp", (self.tp, self.pp, self.cp))
-        if not dense:
-            what, factors = "expert_tp*ep*pp", (self.etp, self.ep, self.pp)
+        names = ("tp", "pp", "cp") if dense else ("etp", "ep", "pp")
+        what = "tp*pp*cp" if dense else "expert_tp*ep*pp"
+        factors = tuple(getattr(self, n) for n in names)
         div = int(np.prod(factors))
+        # the degree at fault, named by its argument (a flag of rankmesh plan), and values that divide
+        name, value, left = undivided(w, list(zip(names, factors)))
+        field = _MEGATRON_ARGS[name]
         return lambda: SizeMismatchError(
             f"{arg('world_size', f'world_size ({w})', w)} is not divisible by {what} = {'*'.join(map(str, factors))} "
-            f"= {div}; use a world "
+            f"= {div} ({undivided_text(field, name, value, left, 'it', w)}); use a world "
             f"that is a multiple of {div} or smaller {'degrees' if dense else 'expert degrees'}",
             field="world_size",
             value=w,
             kind="world_not_divisible",
             ctx={"world_size": w, "divisor": div},
-            fix=_WORLD_FIX,
+            fix=f"{undivided_fix(field, value, left)}, or make {{world_size}} a multiple of {div}",
         )
 
     def _n_do_fault(self) -> _Fault | None:

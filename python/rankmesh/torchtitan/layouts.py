@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rankmesh._check import as_int, check_degrees, degree_fix
+from rankmesh._check import as_int, check_degrees, degree_fix, undivided, undivided_fix, undivided_text
 from rankmesh._native import MeshLayout
 from rankmesh.errors import ParallelDimsError, ParallelDimsOverflowError, ParallelDimsSizeMismatchError, arg
 
@@ -67,19 +67,26 @@ def resolve_degrees(
     check_degrees([("world_size", world_size)], error=ParallelDimsOverflowError)
     world_degrees = [(n, deg[n]) for n in ("dp_replicate", "dp_shard", "cp", "tp", "pp") if deg[n] != -1]
     check_degrees(world_degrees, error=ParallelDimsOverflowError)
-    if dp_shard < 0:
+    auto = dp_shard < 0
+    if auto:
         deg["dp_shard"] = dp_shard = _dp_shard_left(world_size, dp_replicate, cp, tp, pp)
     product = dp_replicate * dp_shard * cp * tp * pp
     if product != world_size:
+        why = f"the degrees multiply to {product}, make them multiply to the world size (or set dp_shard=-1)"
+        fix = "pass {dp_shard=-1} to fill the rest, or make the degrees multiply to {world_size}"
+        if auto:  # dp_shard=-1 is what failed: name the degree that does not divide the world
+            name, value, left = undivided(world_size, [(n, deg[n]) for n in ("dp_replicate", "cp", "tp", "pp")])
+            world = arg("world_size", f"world_size = {world_size}", world_size)
+            why = f"dp_shard=-1 cannot fill the rest: {undivided_text(name, name, value, left, world, world_size)}"
+            fix = undivided_fix(name, value, left)
         raise ParallelDimsSizeMismatchError(
             f"Invalid parallel dims: dp_replicate({dp_replicate}) * dp_shard({dp_shard}) * "
-            f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({world_size}); the degrees "
-            f"multiply to {product}, make them multiply to the world size (or set dp_shard=-1)",
+            f"cp({cp}) * tp({tp}) * pp({pp}) != WORLD_SIZE({world_size}); {why}",
             field="world_size",
             value=world_size,
             kind="degrees_do_not_fill_world",
             ctx={"product": product},
-            fix="pass {dp_shard=-1} to fill the rest, or make the degrees multiply to {world_size}",
+            fix=fix,
         )
     if ep > 1 and etp not in (tp, 1):
         raise ParallelDimsError(
@@ -122,19 +129,22 @@ def _check_positive(deg: dict[str, int]) -> None:
 
 def _dp_shard_left(world_size: int, dp_replicate: int, cp: int, tp: int, pp: int) -> int:
     """``dp_shard = -1`` resolved: the ranks per replica the other degrees leave (the world size
-    divided by their product); :class:`ParallelDimsSizeMismatchError` when that is none."""
+    divided by their product); :class:`ParallelDimsSizeMismatchError` when that is none, whose fix
+    gives the degree at fault values that divide the world (:func:`~rankmesh._check.undivided`)."""
     dp_shard = world_size // (dp_replicate * cp * tp * pp)
     if dp_shard < 1:
+        name, value, left = undivided(world_size, [("dp_replicate", dp_replicate), ("cp", cp), ("tp", tp), ("pp", pp)])
         raise ParallelDimsSizeMismatchError(
             f"{arg('dp_shard', 'dp_shard = -1', -1)} leaves no rank for FSDP: "
             f"{arg('world_size', f'world_size = {world_size}', world_size)} is "
             f"smaller than dp_replicate * cp * tp * pp = {dp_replicate * cp * tp * pp}; lower "
-            "those degrees so that their product divides the world size",
+            f"those degrees so that their product divides the world size "
+            f"({undivided_text(name, name, value, left, arg('world_size'), world_size)})",
             field="dp_shard",
             value=-1,
             kind="no_rank_left",
             ctx={"world_size": world_size, "others": dp_replicate * cp * tp * pp},
-            fix="lower {dp_replicate}, {cp}, {tp} or {pp} so that their product divides {world_size}",
+            fix=undivided_fix(name, value, left),
         )
     return dp_shard
 
@@ -144,6 +154,7 @@ def _check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None
     etp must divide dp_shard * cp * tp, which the sparse mesh splits into efsdp x ep x etp."""
     sparse = dp_shard * cp * tp
     if sparse % (ep * etp) != 0:
+        _, _, left = undivided(sparse, [("etp", etp), ("ep", ep)])  # etp (tp or 1) divides: ep is at fault
         raise ParallelDimsError(
             f"ep * etp = {ep} * {etp} = {ep * etp} must divide dp_shard * cp * tp = "
             f"{dp_shard} * {cp} * {tp} = {sparse}: the MoE (sparse) mesh splits those ranks "
@@ -152,7 +163,7 @@ def _check_sparse(*, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> None
             value=ep,
             kind="moe_mesh_does_not_divide",
             ctx={"etp": etp, "sparse_ranks": sparse},
-            fix=degree_fix("ep"),
+            fix=f"{undivided_fix('ep', ep, left)}, or {{ep=1}} for no expert parallelism",
         )
 
 
