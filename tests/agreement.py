@@ -48,6 +48,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
@@ -82,9 +83,10 @@ MEMBERS: dict[str, tuple[int, ...]] = {}
 
 
 def _digest(ranks: Any) -> str:
-    members = tuple(sorted(int(r) for r in ranks))
-    key = hashlib.blake2b(repr(members).encode(), digest_size=8).hexdigest()
-    MEMBERS.setdefault(key, members)
+    members = np.sort(np.asarray(ranks, dtype=np.int64))
+    key = hashlib.blake2b(members.tobytes(), digest_size=8).hexdigest()
+    if key not in MEMBERS:
+        MEMBERS[key] = tuple(members.tolist())
     return key
 
 
