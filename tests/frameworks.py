@@ -86,9 +86,15 @@ def child_env(accelerate: str | None) -> dict[str, str]:
 def run_child(code: str, world: int, rank: int, mode: str, timeout_s: float = 300) -> dict[str, Any]:
     """``python -c code world rank mode`` from the repository root, ``RANKMESH_ACCELERATE=1`` when
     ``mode`` is ``"env"``; the JSON object its last line prints."""
+    return run_json(code, [world, rank, mode], "1" if mode == "env" else None, timeout_s)
+
+
+def run_json(code: str, args: list[Any], accelerate: str | None, timeout_s: float = 300) -> dict[str, Any]:
+    """``python -c code *args`` from the repository root with ``RANKMESH_ACCELERATE`` set to
+    ``accelerate`` (or unset); the JSON object its last line prints."""
     out = subprocess.run(
-        [sys.executable, "-c", code, str(world), str(rank), mode],
-        env=child_env("1" if mode == "env" else None),
+        [sys.executable, "-c", code, *map(str, args)],
+        env=child_env(accelerate),
         capture_output=True,
         text=True,
         timeout=timeout_s,

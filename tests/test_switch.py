@@ -16,7 +16,6 @@ answer:
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,22 +28,11 @@ pytest.importorskip("torch")
 import rankmesh  # noqa: E402
 from rankmesh import _once, patches, switch  # noqa: E402
 
-from tests.frameworks import ROOT, child_env, needs_autostart  # noqa: E402
+from tests.frameworks import ROOT, child_env, needs_autostart, run_json  # noqa: E402
 
 
 def _child(code: str, accelerate: str | None, *args: object, timeout_s: float = 300) -> dict:
-    """``python -c code *args`` from the repository root with ``RANKMESH_ACCELERATE`` as given; the
-    JSON object its last line prints."""
-    out = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        env=child_env(accelerate),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(code, list(args), accelerate, timeout_s)
 
 
 # -- the table ---------------------------------------------------------------------------------------
