@@ -149,6 +149,9 @@ def record() -> Iterator[list[Step]]:
     """Record every collective step taken inside the block (see the module); yields the list the
     steps are appended to."""
     steps: list[Step] = []
+    # the class's own entry (pybind's instancemethod): getattr on the class would give the unbound
+    # builtin, which put back would no longer bind self
+    split_entry = dist.ProcessGroup.__dict__["split_group"]
     split = dist.ProcessGroup.split_group
     helper = c10d._new_process_group_helper
 
@@ -178,7 +181,7 @@ def record() -> Iterator[list[Step]]:
     try:
         yield steps
     finally:
-        dist.ProcessGroup.split_group = split
+        dist.ProcessGroup.split_group = split_entry
         c10d._new_process_group_helper = helper
 
 

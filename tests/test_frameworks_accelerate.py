@@ -92,12 +92,12 @@ def test_accelerate_gives_accelerate_the_same_meshes(world, rank, kind):
     assert set(types) == {"DeviceMesh"}
     assert all(name in stock["meshes"] for name in FLATTENED)  # every config here has all three
     try:
-        assert sorted(rankmesh.accelerate()) == ["init_device_mesh", "init_process_groups"]
+        assert {"init_device_mesh", "init_process_groups"} <= set(rankmesh.accelerate())  # the switch
         fast, types, _ = _call(world, rank, kind)
         # accelerate imports init_device_mesh inside build_device_mesh: the name patch reaches it
         assert set(types) == {"FastDeviceMesh"}
     finally:
-        rdm.restore()
+        rankmesh.restore()  # every patch the switch put in, and its hooks
     assert fast == stock
 
 

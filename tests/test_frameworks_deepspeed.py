@@ -160,12 +160,12 @@ def test_accelerate_gives_deepspeed_the_same_meshes(world, rank, kind):
     stock, types, _ = _call(world, rank, kind)
     assert types == ["DeviceMesh"]
     try:
-        assert sorted(rankmesh.accelerate()) == ["init_device_mesh", "init_process_groups"]
+        assert {"init_device_mesh", "init_process_groups"} <= set(rankmesh.accelerate())  # the switch
         fast, types, _ = _call(world, rank, kind)
         # DeepSpeed calls torch.distributed.device_mesh.init_device_mesh at call time: the name patch reaches it
         assert types == ["FastDeviceMesh"]
     finally:
-        rdm.restore()
+        rankmesh.restore()  # every patch the switch put in, and its hooks
     assert fast == stock
 
 
