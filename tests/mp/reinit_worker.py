@@ -185,7 +185,7 @@ def main() -> None:
     rec = Recorder(args.out, rank)
     megatron = have_megatron()
     rec.write("start", True, world=world, megatron=megatron, torch=torch.__version__)
-    assert sorted(rankmesh.accelerate()) == ["init_device_mesh", "init_process_groups"]
+    assert {"init_device_mesh", "init_process_groups"} <= set(rankmesh.accelerate())  # the switch: megatron too
     for i in range(args.cycles):
         rec.run(f"cycle{i}", cycle, base, rank, world, i, megatron)
     rec.run("rebuild_after_free", rebuild_after_free, base, rank, world)
