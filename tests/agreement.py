@@ -100,7 +100,7 @@ class _RecordingStore(dist.Store):
         self._steps = steps
 
     def _log(self, op: str, key: Any) -> None:
-        self._steps.append(Step("store", op, "", str(key), counter=c10d._world.group_count))
+        self._steps.append(Step("store", op, "", str(key), counter=_salt()))
 
     def set(self, key, value):  # noqa: ANN001, ANN201
         self._log("set", key)
@@ -139,6 +139,14 @@ class _RecordingStore(dist.Store):
         pass
 
 
+def _salt() -> int:
+    """What torch salts the next hashed group name with (2.14+: the group counter every name draw
+    moves; 2.13: the number of groups registered): the naming step every rank must take alike."""
+    from rankmesh._fast_groups_check import salt
+
+    return salt()
+
+
 def _options(pg_options: Any, timeout: Any) -> str:
     seconds = None if timeout is None else timeout.total_seconds()
     return f"{type(pg_options).__name__ if pg_options is not None else None} {seconds}"
@@ -161,7 +169,7 @@ def record() -> Iterator[list[Step]]:
         options = _options(kwargs.get("opts"), kwargs.get("timeout"))
         name = str(kwargs.get("group_name", ""))
         colour = _digest(ranks) if member else NOCOLOR
-        count = c10d._world.group_count
+        count = _salt()
         steps.append(Step("split", self.group_name, colour, name, "", options, count, member, self.size()))
         return split(self, ranks, *args, **kwargs)
 
@@ -169,7 +177,7 @@ def record() -> Iterator[list[Step]]:
         if c10d._world.default_pg is not None:  # the default group itself is no step
             me = c10d._get_default_group().rank()
             options = _options(kwargs.get("backend_options"), kwargs.get("timeout"))
-            count = c10d._world.group_count
+            count = _salt()
             members = _digest(global_ranks)
             steps.append(
                 Step("new_group", "", members, str(group_name), str(backend), options, count, me in global_ranks)
@@ -211,7 +219,7 @@ def run_rank(road: Callable[[int, int, dict], Any], world: int, rank: int, cfg: 
                 road(world, rank, cfg)
         except Exception as e:  # noqa: BLE001 - a refusal is a step too: every rank must refuse alike
             raised = type(e).__name__
-        counter = c10d._world.group_count
+        counter = _salt()
         _cleanup()
     sys.excepthook = hook
     return RankRun(rank, steps, raised, counter)

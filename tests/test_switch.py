@@ -259,10 +259,10 @@ warnings.simplefilter("ignore")
 from rankmesh.bench.titan_workloads import llama3
 from tests.frameworks import mesh_record
 
-world, rank, impl = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+world, rank, impl, backend = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 from rankmesh._fast_groups import init_fake_world
 init_fake_world(world, rank)  # kept up after the run (rank=None below), so its meshes can be read
-run = llama3(impl, world, rank=None)
+run = llama3(impl, world, rank=None, backend=backend)
 out = {"placements": [list(map(str, p)) for p in run.extra["placements"]],
        "meshes": {k: mesh_record(m, False) for k, m in sorted(run.meshes.items())},
        "types": sorted({type(m).__name__ for m in run.meshes.values()})}
@@ -278,14 +278,20 @@ print(json.dumps(out))
 @needs_autostart
 def test_torchtitans_trainer_path_under_the_variable_alone_answers_as_stock():
     pytest.importorskip("torchtitan.distributed.parallel_dims")
+    from rankmesh import _torch_compat
+
     world, rank = 2048, 1027
-    stock = _child(TITAN, None, world, rank, "torch", timeout_s=600)
-    ours = _child(TITAN, "1", world, rank, "switch", timeout_s=600)
+    # torchtitan's default spmd_types refuses the model on torch 2.13, stock too (docs/known_gaps.md)
+    backend = "spmd_types" if _torch_compat.TORCH_VERSION >= (2, 14) else "partial_dtensor"
+    stock = _child(TITAN, None, world, rank, "torch", backend, timeout_s=600)
+    ours = _child(TITAN, "1", world, rank, "switch", backend, timeout_s=600)
     assert ours["placements"] == stock["placements"]
     assert ours["meshes"] == stock["meshes"]
     assert ours["types"] == ["FastDeviceMesh"] and stock["types"] == ["DeviceMesh"]
-    assert {"torchtitan", "spmd_axis_le", "init_device_mesh", "init_process_groups"} <= set(ours["installed"])
-    assert ours["le_by_modes"] > 0  # spmd_types' axis comparison answered by modes
+    assert {"torchtitan", "init_device_mesh", "init_process_groups"} <= set(ours["installed"])
+    if backend == "spmd_types":
+        assert "spmd_axis_le" in ours["installed"]
+        assert ours["le_by_modes"] > 0  # spmd_types' axis comparison answered by modes
 
 
 # -- never a crash where stock works -------------------------------------------------------------------
