@@ -139,13 +139,16 @@ def test_the_recorder_changes_no_decision_it_only_watches_the_transport():
     from rankmesh import _fast_groups
     from torch.distributed import distributed_c10d as c10d
 
-    before = (
-        dist.ProcessGroup.__dict__["split_group"],  # the class's own entry, which binds self
-        c10d._new_process_group_helper,
-        pg.MeshBuilder.process_group,
-        _fast_groups.new_member_group,
-        _fast_groups.split_member_group,
-    )
+    def watched() -> tuple:
+        return (
+            dist.ProcessGroup.__dict__["split_group"],  # the class's own entry, which binds self
+            c10d._new_process_group_helper,
+            pg.MeshBuilder.process_group,
+            _fast_groups.new_member_group,
+            _fast_groups.split_member_group,
+        )
+
+    before = watched()
     with agreement.record() as steps:
         with fake_world(8, 3):
             import rankmesh
@@ -153,13 +156,7 @@ def test_the_recorder_changes_no_decision_it_only_watches_the_transport():
             rankmesh.init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
         assert (pg.MeshBuilder.process_group, _fast_groups.new_member_group) == before[2:4]
     assert [s.kind for s in steps if s.kind == "new_group" and s.member][:1] == ["new_group"]
-    after = (
-        dist.ProcessGroup.__dict__["split_group"],  # the class's own entry, which binds self
-        c10d._new_process_group_helper,
-        pg.MeshBuilder.process_group,
-        _fast_groups.new_member_group,
-        _fast_groups.split_member_group,
-    )
+    after = watched()
     assert all(a is b for a, b in zip(after, before))
     if SPLITS:  # a split still works after the recorder put torch's method back
         with fake_world(4, 1, "meshfakesplit") as world:
