@@ -99,6 +99,34 @@ def small_world():
         yield {"layout": layout, "builder": builder, "mesh": mesh}
 
 
+@pytest.fixture
+def disable(monkeypatch):
+    """``disable("a,b")`` sets ``RANKMESH_DISABLE`` as a process started with it would read it
+    (rankmesh reads it once per process); ``disable(None)`` unsets it. Undone after the test."""
+    from rankmesh import _patch
+
+    def set_to(names: str | None) -> None:
+        if names is None:
+            monkeypatch.delenv("RANKMESH_DISABLE", raising=False)
+        else:
+            monkeypatch.setenv("RANKMESH_DISABLE", names)
+        _patch.reset()
+
+    yield set_to
+    monkeypatch.delenv("RANKMESH_DISABLE", raising=False)
+    _patch.reset()
+
+
+def plant_body(monkeypatch, dependency: str, path: str, digest: str = "0" * 16) -> None:
+    """Make rankmesh's table (rankmesh._known.TABLES) say the installed release of ``dependency``
+    has another body at ``path``: what a new release that changed the function looks like."""
+    from rankmesh._dependencies import release_in, version
+    from rankmesh._known import TABLES
+
+    release = release_in(version(dependency), tuple(TABLES[dependency]))
+    monkeypatch.setitem(TABLES[dependency][release].bodies, path, digest)
+
+
 def pytest_configure(config) -> None:
     # rankmesh keeps its start-up verdicts in a per-user cache (rankmesh._verdicts); the suite
     # writes its own, never the user's (tests of the cache point it elsewhere themselves).

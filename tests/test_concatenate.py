@@ -26,11 +26,10 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rankmesh import _native, _torch_compat, patches
-from rankmesh._dependencies import release_of
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
-from tests.conftest import fake_world
+from tests.conftest import fake_world, plant_body
 from tests.mesh_helpers import MESH_MARKS, assert_same_mesh, build_both, outcome
 
 pytestmark = MESH_MARKS
@@ -168,9 +167,7 @@ def test_a_concatenate_whose_body_rankmesh_has_not_read_turns_the_fast_meshes_of
     """torch's ``_concatenate`` is recognised by the hash of its body, per release: another body (a
     torch that reads other fields of the meshes it joins) fails the start-up self-check, and the
     patch stays out."""
-    bodies = _torch_compat.CONCATENATE_CODE.bodies
-    release = release_of("torch")
-    monkeypatch.setitem(bodies, release, {path: frozenset({"0" * 16}) for path in bodies[release]})
+    plant_body(monkeypatch, "torch", "torch.distributed.device_mesh.DeviceMesh._concatenate")
     unknown = "torch.distributed.device_mesh.DeviceMesh._concatenate has a body rankmesh does not know (hash "
     assert _torch_compat.CONCATENATE_CODE.recognise().startswith(unknown)
     assert unknown in _torch_compat._self_check()

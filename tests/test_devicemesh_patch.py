@@ -24,7 +24,7 @@ from rankmesh import _torch_compat, devicemesh, patches
 from rankmesh.mesh import FastDeviceMesh
 from torch.distributed.device_mesh import DeviceMesh
 
-from tests.conftest import MESHFAKE, fake_world
+from tests.conftest import MESHFAKE, fake_world, plant_body
 from tests.mesh_helpers import outcome, ranks_of
 
 pytestmark = [
@@ -193,11 +193,11 @@ def test_rankmesh_accelerate_is_the_one_line():
     assert not devicemesh.INIT_PROCESS_GROUPS.installed and not devicemesh.INIT_DEVICE_MESH.installed
 
 
-def test_disable_keeps_each_patch_out(monkeypatch):
-    monkeypatch.setenv("RANKMESH_DISABLE", "init_process_groups")
+def test_disable_keeps_each_patch_out(disable, monkeypatch):
+    disable("init_process_groups")
     assert devicemesh.accelerate() == ["init_device_mesh"]
     devicemesh.restore()
-    monkeypatch.setenv("RANKMESH_DISABLE", "init_device_mesh,init_process_groups")
+    disable("init_device_mesh,init_process_groups")
     assert devicemesh.accelerate() == []
 
 
@@ -205,11 +205,7 @@ def test_an_unread_body_keeps_torch_with_one_warning(monkeypatch):
     from rankmesh import _once
 
     _once.forget()
-    monkeypatch.setitem(
-        devicemesh.INIT_PROCESS_GROUPS.bodies,
-        _torch_compat_release(),
-        {"torch.distributed.device_mesh.DeviceMesh._init_process_groups": frozenset({"0" * 16})},
-    )
+    plant_body(monkeypatch, "torch", "torch.distributed.device_mesh.DeviceMesh._init_process_groups")
     with pytest.warns(RuntimeWarning, match="init_process_groups.*body rankmesh does not know"):
         assert devicemesh.INIT_PROCESS_GROUPS.install() is False
     with warnings.catch_warnings():
@@ -369,7 +365,7 @@ def test_a_bound_device_takes_the_split_road(monkeypatch):
 
 def test_the_body_check_is_kept_once_per_install(tmp_path, monkeypatch):
     """Patch.recognise() hashes torch's bodies once per install (rankmesh._verdicts): a later process
-    with the same files reads the verdict; another set of known hashes is another key."""
+    with the same files reads the verdict; another known hash is another key."""
     from rankmesh import _patch, _verdicts
 
     monkeypatch.setenv(_verdicts.ENV, str(tmp_path))
@@ -381,9 +377,8 @@ def test_the_body_check_is_kept_once_per_install(tmp_path, monkeypatch):
     assert patch.recognise() is None and len(hashed) == 2
     _verdicts.forget()  # a new process
     assert patch.recognise() is None and len(hashed) == 2
-    release = _torch_compat_release()
-    monkeypatch.setitem(patch.bodies, release, {k: v | {"f" * 16} for k, v in patch.bodies[release].items()})
-    assert patch.recognise() is None and len(hashed) == 4
+    plant_body(monkeypatch, "torch", "torch.distributed.device_mesh.DeviceMesh._init_process_groups")
+    assert patch.recognise() is not None and len(hashed) == 3  # another known hash: another key, hashed again
     _verdicts.forget()
 
 

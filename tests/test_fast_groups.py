@@ -22,7 +22,6 @@ import warnings
 import numpy as np
 import pytest
 from rankmesh import _dependencies, _once
-from rankmesh._dependencies import release_of
 
 pytest.importorskip("torch")
 import torch  # noqa: E402
@@ -34,7 +33,7 @@ from rankmesh import _fast_groups_check as fgc  # noqa: E402
 from rankmesh._native import hashed_group_name  # noqa: E402
 from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
-from tests.conftest import FAKE, MESHFAKE, SPLITFAKE, fake_group_splits, fake_world  # noqa: E402
+from tests.conftest import FAKE, MESHFAKE, SPLITFAKE, fake_group_splits, fake_world, plant_body  # noqa: E402
 
 
 def _entries(pg):
@@ -150,17 +149,14 @@ def test_a_failed_check_warns_once_and_falls_back_to_torch(monkeypatch):
 
 def test_this_torchs_bodies_are_the_ones_rankmesh_reproduces():
     """The allow-list holds this torch's release and body hashes (CI runs 2.13 and 2.15)."""
-    assert fgc.KNOWN_BODIES["new_group"].recognise() is None
-    assert (fgc.KNOWN_BODIES["split_group"].recognise() is None) == (fgc.SPLIT_SHAPE is not None)
+    assert fgc.GATES["new_group"].recognise() is None
+    assert (fgc.GATES["split_group"].recognise() is None) == (fgc.SPLIT_SHAPE is not None)
 
 
 @pytest.mark.parametrize("how", ["body", "release"])
 def test_an_unknown_body_or_release_warns_once_and_falls_back_to_torch(monkeypatch, how):
-    bodies = fgc.KNOWN_BODIES["new_group"].bodies
-    release = release_of("torch")
     if how == "body":
-        known = {**bodies[release], "torch.distributed.distributed_c10d._new_group_with_tag": frozenset({"0" * 16})}
-        monkeypatch.setitem(bodies, release, known)
+        plant_body(monkeypatch, "torch", "torch.distributed.distributed_c10d._new_group_with_tag")
         match = r"_new_group_with_tag has a body rankmesh does not know \(hash [0-9a-f]{16}\)"
     else:
         monkeypatch.setitem(_dependencies._versions, "torch", "9.99.0")
@@ -177,8 +173,8 @@ def test_an_unknown_body_or_release_warns_once_and_falls_back_to_torch(monkeypat
             fg.new_member_group(np.asarray([3], dtype=np.int32))  # no second warning
 
 
-def test_rankmesh_disable_fast_groups_keeps_every_group_torchs_own(monkeypatch):
-    monkeypatch.setenv("RANKMESH_DISABLE", "concatenate, fast_groups")
+def test_rankmesh_disable_fast_groups_keeps_every_group_torchs_own(disable, monkeypatch):
+    disable("concatenate, fast_groups")
     monkeypatch.setattr(fg, "_create", lambda *a, **k: pytest.fail("rankmesh made a group while disabled"))
     with fake_world(8, 3):
         assert not fg.uses_fast_path(None) and not fg.uses_fast_split()
@@ -187,7 +183,7 @@ def test_rankmesh_disable_fast_groups_keeps_every_group_torchs_own(monkeypatch):
             pg = fg.new_member_group(np.asarray([1, 3], dtype=np.int32))
         assert dist.get_process_group_ranks(pg) == [1, 3]
         monkeypatch.undo()
-        monkeypatch.setenv("RANKMESH_DISABLE", "concatenate")
+        disable("concatenate")
         assert fg.uses_fast_path(None)
 
 
@@ -365,10 +361,15 @@ class _OtherTag:
 
 
 @needs_fast_split
-def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch):
+def test_a_split_probe_that_differs_from_torch_falls_back(monkeypatch, tmp_path):
     """The start-up probe compares every registry entry: a reproduction that registered the
     group differently (here: under another tag) is caught, warned about once, not
     used, and leaves no probe group or counter step behind."""
+    from rankmesh import _verdicts
+
+    # a process that has not probed yet (the stand-in module below is not part of the verdict's key)
+    monkeypatch.setenv(_verdicts.ENV, str(tmp_path))
+    _verdicts.forget()
     monkeypatch.setattr(fgc, "_split_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     monkeypatch.setattr(fg, "c10d", _OtherTag())
@@ -417,10 +418,10 @@ def test_a_table_only_torchs_split_writes_is_found(monkeypatch):
 
 
 @needs_fast_split
-def test_rankmesh_disable_fast_groups_leaves_the_split_rank_table_alone(monkeypatch):
+def test_rankmesh_disable_fast_groups_leaves_the_split_rank_table_alone(disable, monkeypatch):
     """Disabled, rankmesh writes nothing of c10d's: not even the narrowed rank table torch's own
     split_group would otherwise be shown."""
-    monkeypatch.setenv("RANKMESH_DISABLE", "fast_groups")
+    disable("fast_groups")
     seen = []
     real = dist.split_group
 

@@ -149,7 +149,7 @@ def test_nothing_world_sized_at_2_20(config):
     assert RANK_MAP_MATERIALISATIONS == before
 
 
-def test_the_patch_installs_restores_and_refuses_a_changed_body(monkeypatch):
+def test_the_patch_installs_restores_and_refuses_a_changed_body(disable, monkeypatch):
     patch = patches.get("megatron_fsdp")
     F = adapter.FullyShardedDataParallel
     try:
@@ -158,9 +158,9 @@ def test_the_patch_installs_restores_and_refuses_a_changed_body(monkeypatch):
     finally:
         rfsdp.restore()
     assert F.__dict__["_init_dist_index"] is ORIGINAL and not rfsdp.is_accelerated()
-    monkeypatch.setenv("RANKMESH_DISABLE", "megatron_fsdp")
+    disable("megatron_fsdp")
     assert rfsdp.accelerate() is False and F.__dict__["_init_dist_index"] is ORIGINAL
-    monkeypatch.delenv("RANKMESH_DISABLE")
+    disable(None)
 
     def changed(self, pg_collection):  # noqa: ANN001, ANN202 - a release with another body
         return ORIGINAL(self, pg_collection)

@@ -20,57 +20,76 @@ def test_every_switch_is_a_patch_or_fast_groups():
 
 def test_a_patch_outside_the_switches_is_refused():
     with pytest.raises(ValueError, match="SWITCHES"):
-        _patch.Patch("bogus", "os", "sep", lambda o: o, why="", versions="", code=_patch.KnownCode("torch", {}))
+        _patch.Patch("bogus", "os", "sep", lambda o: o, why="", gate=_patch.Gate("torch"))
 
 
-def _every_known_code() -> dict[str, _patch.KnownCode]:
-    from rankmesh import _fast_groups_check, _torch_compat
-
-    out = {f"patch {n}": p.code for n, p in patches.REGISTRY.items()}
-    out |= {f"fast_groups {n}": c for n, c in _fast_groups_check.KNOWN_BODIES.items()}
-    return out | {"self-check concatenate": _torch_compat.CONCATENATE_CODE}
-
-
-def test_every_body_hash_is_kept_in_one_shape():
-    """Per release read, ``{dotted path: {16 hex digits}}``; each release one of the dependency's."""
+def test_every_table_entry_is_pinned_and_every_pinned_release_has_one():
+    """Both directions: a release pinned in rankmesh._dependencies without a table entry, and an
+    entry whose release is not pinned, each fail here (a new release is the pin plus one entry)."""
     from rankmesh._dependencies import DEPENDENCIES
+    from rankmesh._known import TABLES
 
-    for what, code in _every_known_code().items():
-        assert code.releases and all(DEPENDENCIES[code.dependency].supports(r) for r in code.releases), what
-        for bodies in code.bodies.values():
-            for path, hashes in bodies.items():
-                assert path.count(".") >= 2 and isinstance(hashes, frozenset), (what, path)
-                assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes), (what, path)
+    for dependency, table in TABLES.items():
+        assert tuple(table) == DEPENDENCIES[dependency].releases, dependency
+        for release, entry in table.items():
+            for path, digest in entry.bodies.items():
+                assert path.count(".") >= 2 and len(digest) == 16 and int(digest, 16) >= 0, (release, path)
 
 
-def test_a_release_the_dependency_does_not_list_is_refused():
-    with pytest.raises(ValueError, match=r"torch \['3.0'\] is not among the releases"):
-        _patch.KnownCode("torch", {"3.0": {}})
+def test_every_gate_finds_each_of_its_bodies_in_every_release_it_applies_to():
+    """A release pasted without one of the paths a patch or fast path needs fails here, not at run
+    time (where it would only warn and turn the fast path off)."""
+    from rankmesh._known import TABLES
+
+    gates = patches.gates()
+    assert {"fast_groups new_group", "fast_groups split_group", "fast_meshes"} <= set(gates)
+    for what, gate in gates.items():
+        assert gate.releases, what
+        table = TABLES[gate.dependency]
+        for release in gate.releases:
+            missing = [p for p in gate.paths if p not in table[release].bodies]
+            assert not missing, (what, release, missing)
+    # the split path applies where the table says rankmesh reproduces split_group
+    split = gates["fast_groups split_group"].releases
+    assert split == tuple(r for r, e in TABLES["torch"].items() if e.facts["split_group"])
+    assert all(e.facts["scheme"] in ("group_count", "pg_names") for e in TABLES["torch"].values())
+
+
+def test_a_gate_on_a_path_no_release_has_is_refused():
+    with pytest.raises(ValueError, match=r"are in no release of torch's table"):
+        _patch.Gate("torch", ["torch.distributed.get_rank"])
+    with pytest.raises(ValueError, match="has no table"):
+        _patch.Gate("numpy")
 
 
 def test_the_installed_code_is_recognised_where_its_release_is_read():
     """Every patch, fast path and the self-check's ``_concatenate`` recognise the torch and frameworks
-    installed here, unless their release is not one they read (torch 2.14 for the general patches,
-    2.13 and 2.14 for the split_group path, a framework that is not installed)."""
-    for what, code in _every_known_code().items():
-        reason = code.recognise()
-        if code.release() is not None:
+    installed here, unless their release is not one they read (2.13 and 2.14 for the split_group
+    path, a framework that is not installed)."""
+    for what, gate in patches.gates().items():
+        reason = gate.recognise()
+        if gate.release() is not None:
             assert reason is None, (what, reason)
         else:
             assert reason is not None and ("is not a version" in reason or "is not installed" in reason), what
 
 
-def test_an_unknown_disable_name_warns_once_and_the_known_ones_still_count(monkeypatch):
+def test_versions_are_rendered_from_the_table():
+    for p in patches.REGISTRY.values():
+        assert p.versions.startswith(f"{p.gate.dependency} {', '.join(p.gate.releases)}"), p.versions
+
+
+def test_an_unknown_disable_name_warns_once_and_the_known_ones_still_count(disable, monkeypatch):
     monkeypatch.setattr(_once, "_seen", set())
-    monkeypatch.setenv("RANKMESH_DISABLE", "fastgroups, concatenate")
+    disable("fastgroups, concatenate")
     with pytest.warns(RuntimeWarning, match=r"names \['fastgroups'\], which rankmesh does not know"):
         assert _patch.disabled("concatenate")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not _patch.disabled("fast_groups")  # the typo disables nothing, and is said once
-    monkeypatch.setenv("RANKMESH_DISABLE", "all")
+    disable("all")
     assert all(_patch.disabled(n) for n in _patch.SWITCHES)
-    monkeypatch.delenv("RANKMESH_DISABLE")
+    disable(None)
     assert not any(_patch.disabled(n) for n in _patch.SWITCHES)
 
 
@@ -130,26 +149,29 @@ def test_source_hash_cuts_the_same_text_as_inspect_getsource():
 
 
 def test_the_hashes_command_prints_the_table_entries_of_what_is_installed():
-    """``python -m rankmesh.patches hashes`` prints, per known code, the installed release's
-    entries; for a release the table has read they are the table's own (so pasting the output for a
-    new release is the whole edit)."""
+    """``python -m rankmesh.patches hashes`` prints, per dependency installed, its release's table
+    entry: for a release the table has read it is the table's own, every path of it (so pasting the
+    output for a new release is the whole edit)."""
     import re
     import subprocess
     import sys
 
+    from rankmesh._dependencies import release_of
+    from rankmesh._known import TABLES
+
     cmd = [sys.executable, "-W", "ignore", "-m", "rankmesh.patches", "hashes"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    printed = dict(re.findall(r'^    "([\w.]+)": frozenset\(\{"([0-9a-f]{16})"\}\),$', out.stdout, re.M))
+    printed = dict(re.findall(r'^            "([\w.]+)": "([0-9a-f]{16})",$', out.stdout, re.M))
     checked = 0
-    for name, code in patches.known_code().items():
-        release = code.release()
+    for dependency, table in TABLES.items():
+        release = release_of(dependency)
         if release is None:
             continue
-        assert f"# {name}: {code.dependency} " in out.stdout
-        for path, known in code.bodies[release].items():
-            assert printed[path] in known, (name, path, printed[path], known)
+        assert f'    "{release}": Release(' in out.stdout
+        for path, digest in table[release].bodies.items():
+            assert printed[path] == digest, (dependency, path)
             checked += 1
-    assert checked >= 20
+    assert checked >= 9
     bad = subprocess.run([sys.executable, "-m", "rankmesh.patches"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "usage: python -m rankmesh.patches hashes" in bad.stderr

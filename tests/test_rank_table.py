@@ -158,10 +158,10 @@ def test_torchs_readers_answer_the_same_on_rankmeshs_groups(world, rank, monkeyp
         assert ours[0] not in w.pg_group_ranks
 
 
-def test_rankmesh_disable_rank_tables_gives_torchs_plain_dicts(monkeypatch):
+def test_rankmesh_disable_rank_tables_gives_torchs_plain_dicts(disable, monkeypatch):
     from rankmesh.mesh import init_device_mesh
 
-    monkeypatch.setenv("RANKMESH_DISABLE", "rank_tables")
+    disable("rank_tables")
     with fake_world(1 << 12, 5):
         mesh = init_device_mesh("cpu", (64, 64), mesh_dim_names=("a", "b"))
         for name in ("a", "b"):

@@ -239,11 +239,11 @@ def test_at_2_20_ranks_the_mode_path_answers_what_spmd_types_answers_at_2_12():
 
 def test_the_installed_spmd_types_is_recognised():
     assert PATCH.recognise() is None
-    assert patches.source_hash(STOCK) in PATCH.code.known()["spmd_types._mesh_axis.MeshAxis.__le__"]
+    assert patches.source_hash(STOCK) == PATCH.gate.known()["spmd_types._mesh_axis.MeshAxis.__le__"]
 
 
 def test_an_unknown_version_is_named(monkeypatch):
-    monkeypatch.setattr(PATCH.code, "bodies", {"9.9.9": {}})
+    monkeypatch.setattr(PATCH.gate, "releases", ("9.9.9",))
     assert "spmd_types 0.2.3 is not a version rankmesh has read (supported: 9.9.9)" in PATCH.recognise()
 
 
@@ -282,8 +282,8 @@ def test_an_unknown_body_warns_once_and_the_original_runs(monkeypatch):
         assert not PATCH.install()  # warned once only
 
 
-def test_rankmesh_disable_keeps_it_out_without_a_warning(monkeypatch):
-    monkeypatch.setenv("RANKMESH_DISABLE", "spmd_axis_le")
+def test_rankmesh_disable_keeps_it_out_without_a_warning(disable, monkeypatch):
+    disable("spmd_axis_le")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not PATCH.install()

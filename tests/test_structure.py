@@ -397,7 +397,7 @@ def checked_at_start_up() -> set[str]:
     checked |= {f for f, _ in compat._READ_FIELDS}
     checked |= {"_preserve_rank_order"}  # HAS_PRESERVE_RANK_ORDER: set on every torch, read where it exists
     for patch in patches.REGISTRY.values():
-        checked |= {patch.attribute} | {path.rsplit(".", 1)[-1] for b in patch.bodies.values() for path in b}
+        checked |= {patch.attribute} | {path.rsplit(".", 1)[-1] for path in patch.gate.paths}
     return checked
 
 

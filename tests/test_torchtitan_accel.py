@@ -378,7 +378,7 @@ def test_an_old_handle_does_not_undo_a_newer_acceleration():
     assert not rt.is_accelerated()
 
 
-def test_the_acceleration_is_the_registrys_torchtitan_patch(monkeypatch):
+def test_the_acceleration_is_the_registrys_torchtitan_patch(disable, monkeypatch):
     """accelerate() installs the registry's "torchtitan" patch: listed while in place, undone by
     rankmesh.patches.restore_all() (torch's own init_device_mesh is back and its builds are stock),
     kept out by RANKMESH_DISABLE=torchtitan without a warning."""
@@ -396,7 +396,7 @@ def test_the_acceleration_is_the_registrys_torchtitan_patch(monkeypatch):
         pd = make_pd(dict(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=1, ep=1), 8, "spmd_types")
         pd.build_mesh()
         assert type(pd.world_mesh) is not FastDeviceMesh
-    monkeypatch.setenv("RANKMESH_DISABLE", "torchtitan")
+    disable("torchtitan")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         off = rt.accelerate()

@@ -201,7 +201,7 @@ def _kept_version(dep: Dependency) -> str | None:
         lines.append(f"path {entry!r} {st.st_size if entry == file else '-'} {st.st_mtime_ns}")
     key = "\n".join(lines)
     compute = functools.partial(_metadata_version, dep)
-    return _verdicts.verdict(f"version {dep.distribution}", key, compute, scope=_verdicts.install_scope(file))
+    return _verdicts.verdict(f"version {dep.distribution}", key, compute)
 
 
 def _installed_version(dist: metadata.Distribution) -> str:

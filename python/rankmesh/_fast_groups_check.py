@@ -1,26 +1,15 @@
 """Whether this torch's c10d is the one :mod:`rankmesh._fast_groups` reproduces: the start-up checks
 of its two fast paths (``new_group``, ``split_group``), each decided once per default group.
 
-Each fast path is allow-listed by torch release plus the hash of every torch function body it
-reproduces (:data:`KNOWN_BODIES`, asked as every patch's code is:
-:meth:`rankmesh._patch.KnownCode.recognise`; a patch release that changes a body fails the gate
-whatever its version says). :func:`new_group_ok` checks the allow-list, the private names the
-fast paths use, the naming scheme against torch's own ``_hash_ranks_to_str``, and makes a one-rank
-``fake`` probe group both ways (torch's call, and rankmesh's maker handed in), comparing the
-group's own entries and everything each call wrote into c10d's registry: every table of
-``_world`` and every table global of ``distributed_c10d``, found by walking them, so a table a
-new torch adds is compared too (then destroys both and winds the counter back, so the next group
-gets the name torch's own call would give it). :func:`split_ok` splits a one-rank ``fake`` parent
-both ways (local: no collective, no store keys) and compares the same. A failed check warns once
-and the caller falls back to torch's calls.
-
-What the bodies and the probes decide is the same in every process that runs the same code, so
-it is kept once per torch install (:mod:`rankmesh._verdicts`, like a ``.pyc``) under a key of
-everything that decides it: torch's release and build, the size and mtime of every file the
-checked and probed functions come from, those functions as this process has them (a wrapper or
-monkeypatch is another key; rankmesh's makers, handed in, among them), the known hashes,
-rankmesh's and Python's versions, and for the split path the accelerator and the bound device
-type. The in-process checks (the private names, the naming scheme) still run in every process.
+In order: the private names the fast paths use and a known naming scheme (every process), the
+gate of the torch bodies each path reproduces (:data:`GATES`), rankmesh's hashed names against
+torch's ``_hash_ranks_to_str`` (every process), then a probe: a one-rank ``fake`` group made both
+ways (torch's call, and rankmesh's maker handed in), or a one-rank ``fake`` parent split both ways
+(local: no collective, no store keys), comparing the group's own entries and everything each call
+wrote into c10d's registry: every table of ``_world`` and every table global of
+``distributed_c10d``, found by walking them, so a table a new torch adds is compared too. The
+probe destroys both groups and winds the counter back. Its verdict is kept once per install
+(:func:`_checked`). A failed check warns once and the caller takes torch's calls.
 """
 
 from __future__ import annotations
@@ -37,20 +26,12 @@ from torch.distributed import distributed_c10d as c10d
 
 from rankmesh import _verdicts
 from rankmesh._dependencies import release_of
+from rankmesh._known import TABLES
 from rankmesh._native import hashed_group_name
 from rankmesh._once import warn_once
-from rankmesh._patch import KnownCode, verdict_scope
+from rankmesh._patch import Gate
 
-__all__ = [
-    "KNOWN_BODIES",
-    "SCHEME",
-    "SCHEMES",
-    "SPLIT_SHAPE",
-    "new_group_ok",
-    "register_fake_backend",
-    "salt",
-    "split_ok",
-]
+__all__ = ["GATES", "SCHEME", "SPLIT_SHAPE", "new_group_ok", "register_fake_backend", "salt", "split_ok"]
 
 # The private members of torch.distributed.distributed_c10d the fast paths call or read.
 _FUNCTIONS = (
@@ -65,60 +46,25 @@ _FUNCTIONS = (
     "_resolve_process_group",
 )
 _TABLES = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg", "group_count")
-
 _C10D = "torch.distributed.distributed_c10d"
-_NEW_GROUP_213 = {
-    f"{_C10D}.new_group": frozenset({"47374139b94f2439"}),
-    f"{_C10D}._new_group_with_tag": frozenset({"611b36bbe829f9ab"}),
-    f"{_C10D}._process_group_name": frozenset({"7e6fc29384da5cd8"}),
-    f"{_C10D}._hash_ranks_to_str": frozenset({"0b18a6130bc29871"}),
-}
-_NAMES_214 = {
-    f"{_C10D}._process_group_name": frozenset({"710d483e6c074a3f"}),
-    f"{_C10D}._hash_ranks_to_str": frozenset({"6b4e40a881640221"}),
-}
+_NAMES = [f"{_C10D}._process_group_name", f"{_C10D}._hash_ranks_to_str"]
 
-#: The torch bodies each fast path reproduces (``"new_group"``, ``"split_group"``), by torch release:
-#: the :func:`rankmesh._patch.source_hash` of every c10d function named. A fast path runs only on a
-#: listed release whose bodies all hash as listed; anything else gets torch's own calls, after one
-#: warning. (2.14's hashes were read from the torch 2.14.0 and 2.14.1 wheels' sources, compiled
-#: and cut with :func:`rankmesh._patch.code_lines`, without installing them; they equal what
-#: ``inspect.getsource`` gives, as do the others.)
-KNOWN_BODIES: dict[str, KnownCode] = {
-    "new_group": KnownCode(
-        "torch",
-        {
-            "2.13": _NEW_GROUP_213,
-            "2.14": {
-                f"{_C10D}.new_group": frozenset({"40b4162dab7111dd"}),
-                f"{_C10D}._new_group_with_tag": frozenset({"cb54f76632d7c2f8"}),
-                **_NAMES_214,
-            },
-            "2.15": {
-                f"{_C10D}.new_group": frozenset({"3ce46582957e046d"}),
-                f"{_C10D}._new_group_with_tag": frozenset({"cb54f76632d7c2f8"}),
-                **_NAMES_214,
-            },
-        },
-        reader="rankmesh's new_group path",
+#: The torch bodies each fast path reproduces: ``split_group`` only on a release whose table says
+#: rankmesh reproduces its ``split_group`` (2.15).
+GATES: dict[str, Gate] = {
+    "new_group": Gate(
+        "torch", [f"{_C10D}.new_group", f"{_C10D}._new_group_with_tag", *_NAMES], reader="rankmesh's new_group path"
     ),
-    "split_group": KnownCode(
-        "torch",
-        {"2.15": {f"{_C10D}.split_group": frozenset({"d2f90c7399463483"}), **_NAMES_214}},
-        reader="rankmesh's split_group path",
+    "split_group": Gate(
+        "torch", [f"{_C10D}.split_group", *_NAMES], fact="split_group", reader="rankmesh's split_group path"
     ),
 }
 
-
-#: How each release salts hashed group names: ``"group_count"`` (2.14, 2.15: the counter every
-#: rank advances on every group-name draw) or ``"pg_names"`` (2.13: the number of groups this rank
-#: has registered; the counter moves only for unhashed names). The body hashes of
-#: ``_process_group_name`` and ``_hash_ranks_to_str`` in :data:`KNOWN_BODIES` pin it, and the
-#: start-up check compares the names both ways.
-SCHEMES: dict[str, str] = {"2.13": "pg_names", "2.14": "group_count", "2.15": "group_count"}
-
-
-SCHEME: str | None = SCHEMES.get(release_of("torch") or "")
+_RELEASE = TABLES["torch"].get(release_of("torch") or "")
+#: How this torch salts hashed group names (its table's ``scheme``): ``"group_count"`` (2.14, 2.15:
+#: the counter every rank advances on every name draw) or ``"pg_names"`` (2.13: the number of groups
+#: registered); None on a torch not read. The gate's names bodies pin it; the check compares names.
+SCHEME: str | None = _RELEASE.facts.get("scheme") if _RELEASE is not None else None
 _state: dict[int, bool] = {}  # id(default group) -> fast path usable
 
 
@@ -156,16 +102,14 @@ def _names_reason() -> str | None:
     return None
 
 
-# -- the verdicts, kept once per torch install (rankmesh._verdicts) ------------------------------
+# -- the probes' verdicts, kept once per install (rankmesh._verdicts) ----------------------------
 
-#: What the probes run besides the bodies :data:`KNOWN_BODIES` names, on torch's side (looked up
-#: where the calls look them up) and rankmesh's (these, and the makers the caller hands in): any of
-#: them replaced in this process (a wrapper, a monkeypatch) makes another key, so a verdict is never
-#: reused for other code.
+# What the probes run besides the gates' bodies, on torch's side and rankmesh's: any of them
+# replaced in this process (a wrapper, a monkeypatch) is another key, so no verdict is reused for
+# other code.
 _PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
 _PROBED_OURS = (
     "salt",
-    "_names_reason",
     "_probe_reason",
     "_split_probe_reason",
     "_differs_from_torchs",
@@ -174,82 +118,42 @@ _PROBED_OURS = (
     "_registry",
     "_writes",
     "_writes_differing",
-    "hashed_group_name",
 )
 
 
-def _verdict_key(path: str, extra: dict[str, Any], makers: tuple[Any, ...]) -> str | None:
-    """What decides the ``path`` check's verdict (``"new_group"`` or ``"split_group"``): torch's
-    release and build, Python's and rankmesh's versions, the bodies :data:`KNOWN_BODIES` lists and
-    their hashes, every function the check reads or runs as this process has it (its name, file
-    and first line: a wrapper or a replacement is another key; ``makers``, rankmesh's functions
-    that make the probe's group, among them), and the size and mtime of every file they come from
-    (``os.stat``, nothing read). None when a file cannot be stat'ed (then nothing is cached).
+def _checked(path: str, extra: dict[str, Any], probe: Callable[[], str | None], makers: tuple[Any, ...]) -> str | None:
+    """``probe()``'s verdict for the ``path`` fast path, kept once per install under a key of what
+    decides it: torch's build, rankmesh's version, the scheme, the gates' hashes, every function the
+    probe runs as this process has it (name, file, first line; rankmesh's ``makers`` among them)
+    and the size and mtime of their files."""
+    from rankmesh._native import __version__ as rankmesh_version
 
-    Asked on the first mesh of every process, so it reads no more than it must: torch's functions
-    by name from ``distributed_c10d`` (:data:`_KEYED_TORCH`, the bodies' among them), and of
-    rankmesh's own only those replaced since this module was imported (the others are the code in
-    its file, whose size and mtime the key holds)."""
-    from rankmesh._native import __version__ as rankmesh_version  # Cargo's, not the package's
-
-    # The first mesh of every process runs this: plain loops, no comprehension (each is a code
-    # object of its own, ~5 us the first time it runs: rankmesh._verdicts).
-    bodies = []
-    for p in dict.fromkeys((path, "new_group")):
-        known = KNOWN_BODIES[p].known()
-        hashes = []
-        for name, h in (known or {}).items():
-            hashes.append((name, sorted(h)))
-        bodies.append((p, hashes if known is not None else None))
-    here = globals()
-    objs = [getattr(dist, "new_group", None), getattr(dist, "split_group", None)]
-    for name in _KEYED_TORCH:
-        objs.append(getattr(c10d, name, None))
-    for name, fn in _OURS.items():
-        if here[name] is not fn:  # replaced since import: keyed by what replaced it
-            objs.append(here[name])
-    objs += makers
-    files: dict[Any, int] = {}  # file -> its place in the key's list of files, in that order
-    for file in (c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)):
-        files.setdefault(file, len(files))
-    code: list[Any] = []
-    seen: set[int] = set()
-    for obj in objs:
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
+    objs = [getattr(dist, n, None) for n in ("new_group", "split_group")]
+    objs += [getattr(c10d, n, None) for n in (*_PROBED_TORCH, *_FUNCTIONS, *_SPLIT_FUNCTIONS)]
+    objs += [globals()[n] for n in _PROBED_OURS] + [hashed_group_name, *makers]
+    files = [c10d.__file__, __file__, getattr(sys.modules.get("rankmesh._native"), "__file__", None)]
+    code = []
+    for obj in dict.fromkeys(objs):
         fn = getattr(obj, "__func__", obj)
-        name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
         co = getattr(fn, "__code__", None)
-        if co is None:  # a class or a builtin: its name
-            code.append(name)
-            continue
-        code.append((name, files.setdefault(co.co_filename, len(files)), co.co_firstlineno))
-    return _verdicts.code_key(
+        name = f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+        if co is not None and co.co_filename not in files:
+            files.append(co.co_filename)
+        code.append(name if co is None else (name, co.co_filename, co.co_firstlineno))
+    gates = {p: GATES[p].known() for p in dict.fromkeys((path, "new_group"))}
+    key = _verdicts.code_key(
         files,
         check=path,
         torch=(str(torch.__version__), str(getattr(torch.version, "git_version", ""))),
         rankmesh=rankmesh_version,
         scheme=SCHEME,
-        bodies=bodies,
+        gates={p: sorted(k.items()) if k else None for p, k in gates.items()},
         code=code,
         **extra,
     )
-
-
-def _checked(
-    path: str, extra: dict[str, Any], compute: Callable[[], str | None], makers: tuple[Any, ...]
-) -> str | None:
-    """``compute()``'s verdict for the ``path`` check, kept once per torch install under
-    :func:`_verdict_key` (:mod:`rankmesh._verdicts`): later processes with the same torch,
-    rankmesh and Python files read it instead of hashing torch's source and probing."""
-    key = _verdict_key(path, extra, makers)
     if key is None:
-        return compute()
-    name = path
-    for k, v in extra.items():  # e.g. "new_group backend=fake"
-        name += f" {k}={v}"
-    return _verdicts.verdict(name, key, compute, scope=verdict_scope("torch"))
+        return probe()
+    return _verdicts.verdict(" ".join([path, *(f"{k}={v}" for k, v in extra.items())]), key, probe)
 
 
 def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
@@ -439,16 +343,14 @@ def _probe_reason(backend: str, create: Callable[..., Any]) -> str | None:
 
 def new_group_ok(backend: str, create: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
     """Whether rankmesh's ``create`` may make member-only groups itself under the current default
-    group (decided once per default group; every rank of the job runs the same probe, or reads its
-    verdict from the once-per-install cache: :func:`_checked`, keyed by ``makers`` too)."""
-    default = c10d._get_default_group()
-    key = id(default)
+    group (decided once per default group, by the same checks on every rank)."""
+    key = id(c10d._get_default_group())
     if key not in _state:
-        reason = _static_reason() or _checked(
-            "new_group",
-            {"backend": backend},
-            lambda: KNOWN_BODIES["new_group"].recognise() or _names_reason() or _probe_reason(backend, create),
-            makers,
+        reason = (
+            _static_reason()
+            or GATES["new_group"].recognise()
+            or _names_reason()
+            or _checked("new_group", {"backend": backend}, lambda: _probe_reason(backend, create), makers)
         )
         _state.clear()
         _state[key] = reason is None
@@ -466,8 +368,8 @@ _split_state: dict[int, bool] = {}  # id(default group) -> fast split usable
 
 
 #: Which torch release's ``split_group`` ``rankmesh._fast_groups.split_member_group`` reproduces
-#: here, or None (the bodies' hashes are checked once, by :func:`split_ok`).
-SPLIT_SHAPE: str | None = KNOWN_BODIES["split_group"].release()
+#: here, or None (its body is checked once, by :func:`split_ok`).
+SPLIT_SHAPE: str | None = GATES["split_group"].release()
 
 
 def register_fake_backend() -> Any:
@@ -524,44 +426,20 @@ def split_ok(split: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
     key = id(default)
     if key not in _split_state:
         missing = [f for f in _SPLIT_FUNCTIONS if getattr(c10d, f, None) is None]
-        if SPLIT_SHAPE is None:
-            reason = f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces"
-        elif missing:
-            reason = f"torch.distributed lacks {missing}"
-        else:
-            accelerator = torch.accelerator.current_accelerator()  # which backend of the parent splits
-            bound = default.bound_device_id
-            reason = _static_reason() or _checked(
-                "split_group",
-                {"accelerator": accelerator and accelerator.type, "bound": bound and bound.type},
-                lambda: KNOWN_BODIES["split_group"].recognise()
-                or KNOWN_BODIES["new_group"].recognise()
-                or _names_reason()
-                or _split_probe_reason(split),
-                makers,
-            )
+        accelerator = torch.accelerator.current_accelerator()  # which backend of the parent splits
+        bound = default.bound_device_id
+        extra = {"accelerator": accelerator and accelerator.type, "bound": bound and bound.type}
+        reason = (
+            (None if SPLIT_SHAPE else f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces")
+            or (f"torch.distributed lacks {missing}" if missing else None)
+            or _static_reason()
+            or GATES["split_group"].recognise()
+            or GATES["new_group"].recognise()
+            or _names_reason()
+            or _checked("split_group", extra, lambda: _split_probe_reason(split), makers)
+        )
         _split_state.clear()
         _split_state[key] = reason is None
         if reason is not None:
             _warn_once(f"{reason}; splitting process groups with torch's own split_group")
     return _split_state[key]
-
-
-def _keyed_torch() -> tuple[str, ...]:
-    """The names of ``distributed_c10d`` the verdict key reads: what the probes run and the fast
-    paths use, and every body :data:`KNOWN_BODIES` lists (all of them c10d functions)."""
-    names = [*_PROBED_TORCH, *_FUNCTIONS, *_SPLIT_FUNCTIONS]
-    for known in KNOWN_BODIES.values():
-        for bodies in known.bodies.values():
-            for path in bodies:
-                module, _, name = path.rpartition(".")
-                if module != _C10D:  # pragma: no cover - a body added elsewhere must be keyed too
-                    raise ValueError(f"{path}: the start-up verdict's key reads functions of {_C10D} only")
-                names.append(name)
-    return tuple(dict.fromkeys(names))
-
-
-#: What :func:`_verdict_key` reads of torch, by name in ``distributed_c10d``.
-_KEYED_TORCH = _keyed_torch()
-#: rankmesh's own functions the probes run, as this module defines them (what its file holds).
-_OURS = {name: globals()[name] for name in _PROBED_OURS}

@@ -1,18 +1,15 @@
-"""The :class:`Patch` object every rankmesh patch is, and :class:`KnownCode`, the one way rankmesh
-recognises a dependency's code (it imports only rankmesh's leaves: ``_once``, ``_dependencies``,
-``_verdicts``).
+"""The one question rankmesh asks before it runs on a dependency's code, and the :class:`Patch`
+object every patch is (a leaf above ``_once``, ``_known``, ``_dependencies`` and ``_verdicts``).
 
-Each patch is defined next to the code it installs (``rankmesh.mesh``: ``DeviceMesh._concatenate``;
-``rankmesh.torchtitan.spmd_axis``: ``MeshAxis.__le__``; ``rankmesh.megatron.fsdp``: Megatron-FSDP's
-meshes; ``rankmesh.devicemesh``: torch's own ``DeviceMesh``); :mod:`rankmesh.patches` lists them all
-and undoes them. Each carries a :class:`KnownCode` (the dependency, the releases read, the bodies),
-and so do the checks that replace no attribute (the self-check's ``DeviceMesh._concatenate``,
-``_fast_groups``' two paths): one verb, ``recognise()``, answers None or why not for all of them.
+A :class:`Gate` names the functions a patch or a fast path reproduces or relies on; their body
+hashes per release are the dependency's table (:data:`rankmesh._known.TABLES`). One verb,
+:meth:`Gate.recognise`, answers None or why not, memoised per process; the bodies are hashed once
+per install (:mod:`rankmesh._verdicts`). Each :class:`Patch` carries its gate; the fast paths and
+the mesh self-check hold theirs (``rankmesh.patches.gates()`` lists all).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
 import inspect
@@ -25,29 +22,18 @@ from collections.abc import Callable
 from typing import Any
 
 from rankmesh import _dependencies, _verdicts
+from rankmesh._known import TABLES
 from rankmesh._once import warn_once
 
-__all__ = [
-    "SWITCHES",
-    "KnownCode",
-    "Patch",
-    "code_lines",
-    "disabled",
-    "resolve",
-    "source_hash",
-    "text_hash",
-    "verdict_scope",
-]
+__all__ = ["SWITCHES", "Gate", "Patch", "code_lines", "disabled", "reset", "resolve", "source_hash", "text_hash"]
 
 _lock = threading.RLock()
 
 
 def source_hash(fn: Any) -> str:
-    """The first 16 hex digits of the SHA-256 of ``fn``'s source with blank lines and surrounding
-    whitespace dropped: what a patch or a fast path compares to recognise the body it replaces or
-    reproduces (a new release that changes the body changes the hash, whatever its version string
-    says). The source is read straight from the file, without tokenizing (~0.1 ms a function once
-    the file is read): see :func:`code_lines`."""
+    """The first 16 hex digits of the SHA-256 of ``fn``'s source, blank lines and surrounding
+    whitespace dropped: a release that changes the body changes the hash, whatever its version
+    says. Read straight from the file, no tokenizing (:func:`code_lines`)."""
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -59,10 +45,9 @@ def source_hash(fn: Any) -> str:
 
 
 def code_lines(code: Any, lines: list[str]) -> list[str]:
-    """The lines of the function ``code`` compiles, out of its file's ``lines``: from its first line
-    (its first decorator) through its last statement. The last statement is found from the last
-    line that holds code, then followed while lines are indented deeper than the ``def`` or close a
-    bracket, so where a CPython places the last instruction does not change the answer."""
+    """The lines of the function ``code`` out of its file's ``lines``: its first line (decorator)
+    through its last statement, followed while lines are indented deeper than the ``def`` or close a
+    bracket (so where a CPython puts the last instruction does not matter)."""
     first = code.co_firstlineno - 1
     last = max((line for _, _, line in code.co_lines() if line is not None), default=first + 1)
     if last > len(lines):
@@ -73,198 +58,145 @@ def code_lines(code: Any, lines: list[str]) -> list[str]:
         text = lines[j].strip()
         if not text:
             continue
-        if len(lines[j]) - len(lines[j].lstrip()) > base or text[0] in ")]}":
-            end = j + 1
-            continue
-        break
+        if len(lines[j]) - len(lines[j].lstrip()) <= base and text[0] not in ")]}":
+            break
+        end = j + 1
     return lines[first:end]
 
 
 def text_hash(lines: Any) -> str:
-    """:func:`source_hash` of source lines already cut out (also how a hash is read off a release's
-    source file without importing it)."""
+    """:func:`source_hash` of lines already cut out (a release's file read without importing it)."""
     text = "\n".join(line.strip() for line in lines if line.strip())
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def resolve(path: str) -> Any:
-    """The object at a dotted ``path``: the longest importable module prefix, then attributes (a
-    module imported already is taken as it is, without the import machinery)."""
+    """The object at a dotted ``path``: the longest imported (else importable) module prefix, then
+    attributes."""
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         module = sys.modules.get(".".join(parts[:i]))
         if module is not None:
-            obj = module
             try:
-                for name in parts[i:]:
-                    obj = getattr(obj, name)
-                return obj
+                return _attrs(module, parts[i:])
             except AttributeError:
-                break  # a submodule not imported yet: the import machinery finds it
+                break  # a submodule not imported yet
     for i in range(len(parts), 0, -1):
         try:
             module = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
-        obj = module
-        for name in parts[i:]:
-            obj = getattr(obj, name)
-        return obj
+        return _attrs(module, parts[i:])
     raise ImportError(path)
 
 
-def verdict_scope(dependency: str) -> str:
-    """The verdict file (:mod:`rankmesh._verdicts`) of ``dependency``'s install: the folder its
-    module is installed in (``.../site-packages``: :func:`rankmesh._verdicts.install_scope`) and
-    Python's version, so every check of one environment shares one file; its name and version
-    where the module is not imported."""
-    scope = _scopes.get(dependency)
-    if scope is not None:
-        return scope
-    module = sys.modules.get(_dependencies.DEPENDENCIES[dependency].module)
-    file = getattr(module, "__file__", None)
-    if isinstance(file, str) and os.sep in file:
-        scope = _scopes[dependency] = _verdicts.install_scope(file)  # where it was imported from: fixed
-        return scope
-    return f"{dependency} {_dependencies.version(dependency)} {sys.version}"
+def _attrs(obj: Any, names: list[str]) -> Any:
+    for name in names:
+        obj = getattr(obj, name)
+    return obj
 
 
-_scopes: dict[str, str] = {}
-
-
-class KnownCode:
-    """The code of one dependency that rankmesh has read, and the one question asked of it:
-    :meth:`recognise`.
-
-    ``bodies`` is the one shape every body hash is kept in: per release of ``dependency`` read,
-    ``{dotted path: {source hashes}}`` of every function whose behaviour rankmesh reproduces or
-    relies on (:func:`source_hash`; a release with no paths is recognised by its version alone). A
-    release holds the versions that start with it (``"2.15"``: 2.15.0+cu132; ``"0.16.1"``); each
-    must be one of the dependency's releases in :data:`rankmesh._dependencies.DEPENDENCIES`.
-    ``reader`` names who read them, in the reason for another version (``"this patch"``).
+class Gate:
+    """The code of one dependency that a patch or fast path relies on: ``paths`` (dotted, each in
+    the dependency's table, :data:`rankmesh._known.TABLES`), on the releases pinned in
+    :data:`rankmesh._dependencies.DEPENDENCIES` whose table entry has ``fact`` true (all, without
+    one). ``reader`` names who read them, in the reason for another version.
 
         >>> import torch
-        >>> KnownCode("torch", {"2.13": {}, "2.14": {}, "2.15": {}}).recognise() is None  # by version alone
-        True
-        >>> code = KnownCode("torch", {r: {"torch.distributed.get_rank": {"0" * 16}} for r in ("2.13", "2.14", "2.15")})
-        >>> code.releases, code.recognise().startswith("torch.distributed.get_rank has a body rankmesh does not know")
+        >>> gate = Gate("torch", ["torch.distributed.device_mesh.init_device_mesh"])
+        >>> gate.releases, gate.recognise() is None
         (('2.13', '2.14', '2.15'), True)
     """
 
-    def __init__(self, dependency: str, bodies: dict[str, dict[str, frozenset[str]]], *, reader: str = "rankmesh"):
-        read = [r for r in bodies if not _dependencies.DEPENDENCIES[dependency].supports(r)]
-        if read:
-            raise ValueError(f"{dependency} {read} is not among the releases rankmesh._dependencies lists")
+    def __init__(self, dependency: str, paths: Any = (), *, fact: str | None = None, reader: str = "rankmesh"):
+        table = TABLES.get(dependency)
+        if table is None:
+            raise ValueError(f"{dependency!r} has no table in rankmesh._known.TABLES")
+        unread = [p for p in paths if not any(p in r.bodies for r in table.values())]
+        if unread:
+            raise ValueError(f"{unread} are in no release of {dependency}'s table (rankmesh._known.TABLES)")
         self.dependency = dependency
-        self.bodies = bodies
+        self.paths = tuple(paths)
+        self.fact = fact
         self.reader = reader
-        self._seen: tuple[int, dict[str, frozenset[str]], tuple[Any, ...], str | None] | None = None
+        pinned = _dependencies.DEPENDENCIES[dependency].releases
+        self.releases = tuple(r for r in pinned if r in table and (fact is None or table[r].facts.get(fact)))
+        self._memo: tuple[Any, ...] = ()
 
     @property
-    def releases(self) -> tuple[str, ...]:
-        """The releases read, for messages and tables: the keys of :attr:`bodies`."""
-        return tuple(self.bodies)
+    def bodies(self) -> dict[str, dict[str, str]]:
+        """``{release: {path: hash}}`` of :attr:`paths` on :attr:`releases`."""
+        table = TABLES[self.dependency]
+        return {r: {p: table[r].bodies[p] for p in self.paths if p in table[r].bodies} for r in self.releases}
 
     def release(self) -> str | None:
         """The release of :attr:`releases` the installed version belongs to, or None."""
         installed = _dependencies.version(self.dependency)
-        return None if installed is None else _dependencies.release_in(installed, tuple(self.bodies))
+        return None if installed is None else _dependencies.release_in(installed, self.releases)
 
-    def known(self) -> dict[str, frozenset[str]] | None:
-        """The bodies of the installed release (:meth:`release`), or None."""
+    def known(self) -> dict[str, str] | None:
+        """The bodies of the installed release, or None."""
         release = self.release()
         return None if release is None else self.bodies[release]
 
     def recognise(self) -> str | None:
         """Why the installed code is not the code read (not installed; a version not read; a
-        function missing; a body whose hash is not known), or None when it is. The bodies are
-        hashed once per install (:mod:`rankmesh._verdicts`, keyed by the hashes known and each
-        function's file, first line, size and mtime), so a later process reads no source."""
-        return self._unread() or self._bodies_reason()
-
-    def _unread(self) -> str | None:
-        return _dependencies.unsupported(self.dependency, tuple(self.bodies), reader=self.reader)
-
-    def _bodies_reason(self) -> str | None:
-        # The first mesh of every process runs this: plain loops, no comprehension or helper
-        # (each is a code object of its own, ~5 us the first time it runs: rankmesh._verdicts).
+        function missing; a body whose hash is not the table's), or None. Memoised per process
+        (while the functions are the same objects); the hashes are kept once per install."""
+        reason = _dependencies.unsupported(self.dependency, self.releases, reader=self.reader)
+        if reason is not None:
+            return reason
         known = self.known() or {}
-        fns = {}
-        codes = []
-        for path in known:
+        missing = [p for p in self.paths if p not in known]
+        if missing:
+            return f"rankmesh has not read {missing} of {self.dependency} {self.release()}"
+        fns = []
+        for path in self.paths:
             try:
-                fn = resolve(path)
+                fns.append(resolve(path))
             except (ImportError, AttributeError):
                 return f"{path} does not exist"
-            fns[path] = fn
-            codes.append(_code(fn))
-        if not fns:
-            return None
-        # Asked again in this process (the self-check, then the patch): the same functions' code
-        # objects and the same hashes known give the same answer, without building the key.
-        seen = self._seen
-        if seen is not None and seen[0] == _verdicts.generation() and seen[1] == known:
-            same = len(seen[2]) == len(codes)
-            for a, b in zip(seen[2], codes):
-                same = same and a is b
-            if same:
-                return seen[3]
-        key = _bodies_key(fns, codes, known)
-        if key is None:
-            reason = _hashes_reason(fns, known)
-        else:
-            name = "bodies " + " ".join(sorted(fns))
-            compute = functools.partial(_hashes_reason, fns, known)
-            reason = _verdicts.verdict(name, key, compute, scope=verdict_scope(self.dependency))
-        self._seen = (_verdicts.generation(), dict(known), tuple(codes), reason)
+        codes = tuple(_code(fn) for fn in fns)
+        memo = self._memo
+        if memo and memo[:2] == (_verdicts.generation(), known) and all(a is b for a, b in zip(memo[2], codes)):
+            return memo[3]
+        key = None
+        if all(isinstance(c, types.CodeType) for c in codes):
+            key = _verdicts.code_key(
+                sorted({c.co_filename for c in codes}),
+                known=sorted(known.items()),
+                code=[(p, c.co_filename, c.co_firstlineno) for p, c in zip(self.paths, codes)],
+            )
+        compute = lambda: _hashes_reason(self.paths, fns, known)  # noqa: E731
+        reason = compute() if key is None else _verdicts.verdict("bodies", key, compute)
+        self._memo = (_verdicts.generation(), dict(known), codes, reason)
         return reason
 
     def __repr__(self) -> str:
-        return f"<rankmesh KnownCode of {self.dependency} {', '.join(self.releases)}>"
+        return f"<rankmesh Gate on {self.dependency} {', '.join(self.releases)}: {len(self.paths)} bodies>"
 
 
 def _code(fn: Any) -> Any:
-    """The code object of ``fn`` as rankmesh hashes it (unwrapped), or ``fn`` itself where it has none."""
+    """The code object of ``fn`` as hashed (unwrapped), or ``fn`` where it has none."""
     fn = getattr(fn, "__func__", fn)
     if hasattr(fn, "__wrapped__"):
         fn = inspect.unwrap(fn)
     return getattr(fn, "__code__", fn)
 
 
-def _hashes_reason(fns: dict[str, Any], known: dict[str, frozenset[str]]) -> str | None:
-    """The first of ``fns`` (``{dotted path: function}``) whose :func:`source_hash` is not in
-    ``known[path]``, said as why, or None."""
-    for path, fn in fns.items():
+def _hashes_reason(paths: tuple[str, ...], fns: list[Any], known: dict[str, str]) -> str | None:
+    for path, fn in zip(paths, fns):
         try:
             digest = source_hash(fn)
         except (OSError, TypeError):
             return f"the source of {path} is not available"
-        if digest not in known[path]:
+        if digest != known[path]:
             return f"{path} has a body rankmesh does not know (hash {digest})"
     return None
 
 
-def _bodies_key(fns: dict[str, Any], codes: list[Any], known: dict[str, frozenset[str]]) -> str | None:
-    """What decides :meth:`KnownCode.recognise`'s body check, without reading a source file: the
-    hashes known, and each function as this process has it (``codes``: :func:`_code` of each of
-    ``fns``; file, first line, the file's size and mtime); None when one has no code or its file
-    cannot be stat'ed (then the bodies are hashed)."""
-    code = []
-    files = []
-    hashes = []
-    for path, co in zip(fns, codes):
-        if not isinstance(co, types.CodeType):
-            return None
-        code.append((path, co.co_filename, co.co_firstlineno))
-        if co.co_filename not in files:
-            files.append(co.co_filename)
-        hashes.append((path, sorted(known[path])))
-    return _verdicts.code_key(sorted(files), known=hashes, code=code)
-
-
 #: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches`, ``fast_groups``
-#: (rankmesh's writes to c10d's registry, which replace no attribute) and ``rank_tables`` (the
-#: rank tables it writes there fill themselves on first use: :class:`rankmesh._fast_groups.RankTable`).
+#: (rankmesh's writes to c10d's registry) and ``rank_tables`` (its lazy rank tables there).
 SWITCHES: frozenset[str] = frozenset(
     {
         "concatenate",
@@ -278,24 +210,32 @@ SWITCHES: frozenset[str] = frozenset(
         "rank_tables",
     }
 )
+_disabled: list[frozenset[str]] = []  # read from the environment once per process
 
 
 def disabled(name: str) -> bool:
     """Whether ``RANKMESH_DISABLE`` (comma-separated names of :data:`SWITCHES`, or ``all``) names
-    ``name``. A name it does not know is warned about once (a typo would otherwise be ignored)."""
-    raw = os.environ.get("RANKMESH_DISABLE", "")
-    if not raw:
-        return False
-    names = {n.strip() for n in raw.split(",") if n.strip()}
-    unknown = sorted(names - SWITCHES - {"all"})
-    if unknown:
-        warn_once(
-            ("RANKMESH_DISABLE", raw),
-            f"rankmesh: RANKMESH_DISABLE={raw!r} names {unknown}, which rankmesh does not know; "
-            f"the names are {sorted(SWITCHES)} or all",
-            stacklevel=3,
-        )
-    return "all" in names or name in names
+    ``name``. Read once per process (:func:`reset` reads it again); a name it does not know is
+    warned about once (a typo would otherwise be ignored)."""
+    if not _disabled:
+        raw = os.environ.get("RANKMESH_DISABLE", "")
+        names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+        unknown = sorted(names - SWITCHES - {"all"})
+        if unknown:
+            warn_once(
+                ("RANKMESH_DISABLE", raw),
+                f"rankmesh: RANKMESH_DISABLE={raw!r} names {unknown}, which rankmesh does not know; "
+                f"the names are {sorted(SWITCHES)} or all",
+                stacklevel=3,
+            )
+        _disabled.append(SWITCHES if "all" in names else names)
+    return name in _disabled[0]
+
+
+def reset() -> None:
+    """Read ``RANKMESH_DISABLE`` again on the next :func:`disabled`: for a process (or a test) that
+    changes it on purpose."""
+    _disabled.clear()
 
 
 class Patch:
@@ -308,16 +248,12 @@ class Patch:
         make: ``make(original, *args) -> replacement`` (``args`` as given to :meth:`install`); the
             replacement keeps the original as ``__wrapped__``.
         why: one line for the README table.
-        versions: what it recognises, in words (the README table, the warning).
-        code: the dependency's code the replacement was written against (:class:`KnownCode`: the
-            dependency, the releases read and the bodies of every function whose behaviour the
-            replacement reproduces or relies on, the patched one among them).
-        check: ``check(original) -> None`` when what only this patch cares about holds (the name is
-            still torch's function; rankmesh's fast meshes are on), else the reason it does not.
+        gate: the code the replacement was written against (:class:`Gate`).
+        detail: what else it recognises, after the releases, in words (README table, warning).
+        check: ``check(original) -> None`` when what only this patch cares about holds, else why not.
         wrap: ``staticmethod`` or ``None``: how the replacement is stored on a class.
-        aliases: modules that re-export the attribute (``torch.distributed.init_device_mesh``):
-            where one is imported and holds the original, it gets the replacement too, and is
-            restored with it (one imported later binds the replacement by itself).
+        aliases: modules that re-export the attribute: one imported that holds the original gets
+            the replacement too, and is restored with it.
     """
 
     def __init__(
@@ -325,46 +261,41 @@ class Patch:
         name: str,
         owner: str,
         attribute: str,
-        make: Callable[[Any], Any],
+        make: Callable[..., Any],
         *,
         why: str,
-        versions: str,
-        code: KnownCode,
+        gate: Gate,
+        detail: str = "",
         check: Callable[[Any], str | None] | None = None,
         wrap: Callable[[Any], Any] | None = None,
         aliases: tuple[str, ...] = (),
     ) -> None:
         if name not in SWITCHES:
             raise ValueError(f"patch {name!r} is not in rankmesh._patch.SWITCHES; list it there")
-        self.name = name
-        self.owner = owner
-        self.attribute = attribute
-        self.why = why
-        self.versions = versions
-        self.code = code
-        self._make = make
-        self._check = check
-        self._wrap = wrap
-        self.aliases = aliases
+        self.name, self.owner, self.attribute, self.why, self.gate = name, owner, attribute, why, gate
+        self.detail, self.aliases = detail, aliases
+        self._make, self._check, self._wrap = make, check, wrap
         self._original: Any = None
         self._replacement: Any = None
         self._holder: Any = None
 
     @property
+    def versions(self) -> str:
+        """What it recognises, rendered from its gate: ``"torch 2.13, 2.14, 2.15 (by body)"``."""
+        return f"{self.gate.dependency} {', '.join(self.gate.releases)}" + (f" {self.detail}" if self.detail else "")
+
+    @property
     def dependency(self) -> str:
-        return self.code.dependency
-
-    @property
-    def releases(self) -> tuple[str, ...]:
-        return self.code.releases
-
-    @property
-    def bodies(self) -> dict[str, dict[str, frozenset[str]]]:
-        return self.code.bodies
+        return self.gate.dependency
 
     @property
     def target(self) -> str:
         return f"{self.owner}.{self.attribute}"
+
+    @property
+    def holder(self) -> Any:
+        """The module or class the replacement was set on while installed, else None."""
+        return self._holder if self.installed else None
 
     @property
     def replacement(self) -> Any:
@@ -374,29 +305,22 @@ class Patch:
     @property
     def installed(self) -> bool:
         """True while rankmesh's replacement is the attribute's value."""
-        if self._holder is None:
-            return False
-        return self._holder.__dict__.get(self.attribute) is self._replacement
-
-    def _resolve(self) -> Any:
-        return resolve(self.owner)
+        return self._holder is not None and self._holder.__dict__.get(self.attribute) is self._replacement
 
     def recognise(self) -> str | None:
-        """Why this patch may not replace the attribute here, or None when it may: the one question
-        every gate of a patch asks. In order: a release of the dependency it has not read (or none
-        installed), the attribute missing, this patch's own :attr:`check`, a function body whose
-        hash it does not know (:meth:`KnownCode.recognise`)."""
-        reason = self.code._unread()
+        """Why this patch may not replace the attribute here, or None: a release not read, the
+        attribute missing, this patch's own ``check``, a body the gate does not know."""
+        reason = _dependencies.unsupported(self.gate.dependency, self.gate.releases, reader=self.gate.reader)
         if reason is not None:
             return reason
         try:
-            holder = self._resolve()
+            holder = resolve(self.owner)
         except (ImportError, AttributeError) as e:
             return f"{self.owner} is not importable ({type(e).__name__}: {e})"
         original = holder.__dict__.get(self.attribute)
         if original is None:
             return f"{self.target} does not exist"
-        return (self._check(original) if self._check is not None else None) or self.code.recognise()
+        return (self._check(original) if self._check is not None else None) or self.gate.recognise()
 
     def install(self, *args: Any) -> bool:
         """Swap the attribute (idempotent); False, with one warning, when :meth:`recognise` says why
@@ -408,9 +332,14 @@ class Patch:
                 return False
             reason = self.recognise()
             if reason is not None:
-                self._warn(reason)
+                warn_once(
+                    ("patch", self.name, reason),
+                    f"rankmesh: patch {self.name!r} ({self.target}) not installed: {reason}; the original "
+                    f"runs (correct, stock speed). Recognised: {self.versions}",
+                    stacklevel=3,
+                )
                 return False
-            holder = self._resolve()
+            holder = resolve(self.owner)
             original = holder.__dict__[self.attribute]
             raw = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
             fn = self._make(raw, *args)
@@ -426,11 +355,11 @@ class Patch:
 
     def restore(self) -> None:
         """Put the original back (harmless when not installed, or when someone replaced ours since:
-        then theirs is left alone)."""
+        theirs is left alone)."""
         with _lock:
             if self.installed:
                 setattr(self._holder, self.attribute, self._original)
-            for alias in self.aliases:  # a module that bound the replacement (at import or install)
+            for alias in self.aliases:
                 module = sys.modules.get(alias)
                 if module is not None and self._replacement is not None:
                     if module.__dict__.get(self.attribute) is self._replacement:
@@ -439,18 +368,8 @@ class Patch:
 
     def original(self) -> Any:
         """The function the patch replaced (or would replace): what runs when it is not installed."""
-        if self._original is not None:
-            return getattr(self._original, "__func__", self._original)
-        value = self._resolve().__dict__[self.attribute]
+        value = self._original if self._original is not None else resolve(self.owner).__dict__[self.attribute]
         return getattr(value, "__func__", value)
-
-    def _warn(self, reason: str) -> None:
-        warn_once(
-            ("patch", self.name, reason),
-            f"rankmesh: patch {self.name!r} ({self.target}) not installed: {reason}; the original runs "
-            f"(correct, stock speed). Recognised: {self.versions}",
-            stacklevel=4,
-        )
 
     def __repr__(self) -> str:
         return f"<rankmesh patch {self.name!r} on {self.target}: {'installed' if self.installed else 'not installed'}>"

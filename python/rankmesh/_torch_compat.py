@@ -74,7 +74,7 @@ from torch.distributed.device_mesh import _normalize_backend_override as normali
 
 from rankmesh import _verdicts
 from rankmesh._dependencies import unsupported, warn_unsupported
-from rankmesh._patch import KnownCode, verdict_scope
+from rankmesh._patch import Gate
 
 #: ``ProcessGroup.Options`` of c10d's backend class, as torch's device_mesh imports it.
 C10dOptions = _C10dBackend.Options
@@ -316,19 +316,9 @@ def tensor_version(tensor: torch.Tensor) -> int:
 _TORCH_CONCATENATE = DeviceMesh.__dict__.get("_concatenate")
 _DEVICE_MESH = "torch.distributed.device_mesh.DeviceMesh"
 
-#: The body of torch's ``DeviceMesh._concatenate`` per release (what it reads from each mesh and
-#: passes on, which rankmesh's meshes must hold): part of the self-check, and what the
-#: "concatenate" patch (:mod:`rankmesh.mesh`) recognises. 2.14's hash was read from the torch 2.14.0
-#: and 2.14.1 wheels' ``device_mesh.py`` (the same file), compiled and cut with
-#: :func:`rankmesh._patch.code_lines`, without installing them.
-CONCATENATE_CODE = KnownCode(
-    "torch",
-    {
-        "2.13": {f"{_DEVICE_MESH}._concatenate": frozenset({"3f67b9082f9ab55b"})},
-        "2.14": {f"{_DEVICE_MESH}._concatenate": frozenset({"7029bb4cf8aacbd7"})},
-        "2.15": {f"{_DEVICE_MESH}._concatenate": frozenset({"820cab857e0d8c3e"})},
-    },
-)
+#: The body of torch's ``DeviceMesh._concatenate`` (what it reads from each mesh and passes on,
+#: which rankmesh's meshes must hold): part of the self-check, and the "concatenate" patch's gate.
+CONCATENATE_CODE = Gate("torch", [f"{_DEVICE_MESH}._concatenate"])
 
 
 def native_tuple_hash_ok() -> bool:
@@ -377,7 +367,7 @@ def _self_check() -> str | None:
     key = _algebra_key()
     if key is None:
         return _algebra_reason()
-    return _verdicts.verdict("torch_compat algebra", key, _algebra_reason, scope=verdict_scope("torch"))
+    return _verdicts.verdict("torch_compat algebra", key, _algebra_reason)
 
 
 def _code_names(fn: object) -> tuple[str, ...]:

@@ -1,49 +1,30 @@
-"""Start-up check verdicts kept once per torch install, as ``.pyc`` files keep compiled code (a leaf
-module: it imports nothing of rankmesh, and no torch).
+"""Start-up check verdicts kept on disk, as ``.pyc`` files keep compiled code (a leaf: nothing of
+rankmesh, no torch).
 
-rankmesh's start-up checks (:mod:`rankmesh._fast_groups_check`, the self-check's and the patches'
-:class:`rankmesh._patch.KnownCode`: the hashes of torch's function bodies, read from torch's
-source, and the registry probe) give the same answer in every process that runs the same code:
-every rank of a job, every job on a node.
-:func:`verdict` keeps each answer in a small text file under the per-user cache directory, next
-to the *key* that decided it: the caller's, as text (:func:`code_key`: torch's release, rankmesh's
-and Python's versions, the size and mtime of every source file involved, which functions, ...).
-A later process whose key is equal takes the answer without computing it; any difference in the
-key is a miss: the check runs again and its answer replaces the old one. Never stale, never
-trusted blindly:
+A start-up check (a gate's body hashes, the fast paths' probes, the layout self-check) gives the
+same answer in every process that runs the same code. :func:`verdict` keeps each answer in a file
+named by the SHA-256 of the check's name and *key* (:func:`code_key`: versions, which functions,
+and the size and mtime of every file involved), so a different key is a different file: nothing
+is ever replaced, and nothing stale can answer.
 
-- the directory is ``$RANKMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/rankmesh``, else
-  ``~/.cache/rankmesh`` (read once per process); ``RANKMESH_CACHE_DIR=`` (set, empty) turns the
-  cache off (every process computes, as without it);
-- one file per environment (``verdicts-<16 hex digits>``, from the caller's ``scope``: the folder
-  torch, spmd_types, ... are installed in, :func:`install_scope`), so two environments sharing a
-  home do not overwrite each other's answers; read once per process. It is
-  text: a header line ``rankmesh-verdicts <format> <CRC-32 of the rest>``, then one record per
-  check, ``name US key US reason`` (``US``: the unit separator ``\x1f``; reason ``-`` for None,
-  ``+`` and the reason otherwise), records separated by ``\x1e``;
-- written atomically (a temporary file in the same directory, then ``os.replace``): ranks that
-  start at once on one node each leave a whole file, the last one wins;
-- a file that is missing, unreadable, truncated, corrupt, of another format or holding another
-  key is a miss; a directory that cannot be created or written leaves the answer in this process's
-  memory only, with at most one debug-level message (logger ``rankmesh``).
-
-The first mesh of every process reads the file, so reading it runs as little Python as it can:
-keys are text compared whole, the file is split with ``str`` methods (no JSON: its decoder is four
-Python functions and hundreds of objects, enough to set off a collection of Python's youngest
-generation, ~0.1 ms, during the first call), checked by its CRC, and no path helper runs. Each
-Python function run for the first time in a process costs ~5 us there (its code and data are not
-in the CPU's caches), so the hit path is a handful of plain functions (:func:`verdict`,
-:func:`cache_file`, :func:`cache_dir`, :func:`code_key`, ``_read``, :func:`decode`), no
-comprehension among them (each is a code object of its own).
+- The directory is ``$RANKMESH_CACHE_DIR``, else ``$XDG_CACHE_HOME/rankmesh``, else
+  ``~/.cache/rankmesh``; ``RANKMESH_CACHE_DIR=`` (set, empty) turns the cache off.
+- **Written at most once**: the file is created with ``O_EXCL``, so of the ranks that start at once
+  (on a node, or on every node of a shared home) only the first to finish the check writes it;
+  the others find it there and leave it alone.
+- **Never trusted blindly**: the file holds a header with the format and the CRC-32 of the
+  answer; one that is missing, partly written, corrupt or of another format is a miss (the check
+  runs; a bad file a minute old is replaced). A directory that cannot be created or written keeps
+  the answer in this process only, with one debug message (logger ``rankmesh``).
 
     >>> import os, tempfile
     >>> from unittest import mock
     >>> with mock.patch.dict(os.environ, {ENV: tempfile.mkdtemp()}):
-    ...     forget()  # the cache's place is read once per process: a new process
-    ...     first = verdict("doc", "torch=2.15.0", lambda: "computed", scope="doc")
+    ...     forget()
+    ...     first = verdict("doc", "torch=2.15.0", lambda: "computed")
     ...     forget()  # as a new process: the file answers, nothing is computed
-    ...     again = verdict("doc", "torch=2.15.0", lambda: 1 / 0, scope="doc")
-    ...     other = verdict("doc", "torch=2.15.1", lambda: None, scope="doc")  # another key
+    ...     again = verdict("doc", "torch=2.15.0", lambda: 1 / 0)
+    ...     other = verdict("doc", "torch=2.15.1", lambda: None)  # another key, another file
     ...     forget()
     >>> first, again, other
     ('computed', 'computed', None)
@@ -51,135 +32,83 @@ comprehension among them (each is a code object of its own).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import sys
-import tempfile
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = [
-    "ENV",
-    "FORMAT",
-    "cache_dir",
-    "cache_file",
-    "code_key",
-    "decode",
-    "encode",
-    "forget",
-    "generation",
-    "install_scope",
-    "verdict",
-]
+__all__ = ["ENV", "FORMAT", "cache_dir", "code_key", "decode", "encode", "forget", "generation", "path", "verdict"]
 
 #: The environment variable that moves the cache (a directory), or turns it off (set and empty).
 ENV = "RANKMESH_CACHE_DIR"
 #: The file format; a file of another format is a miss.
-FORMAT = 2
-_MAX_BYTES = 1 << 20  # a verdict file is a few kB; anything larger is not one of ours
+FORMAT = 3
+_MAGIC = b"rankmesh-verdict"
 
 _log = logging.getLogger("rankmesh")
 _lock = threading.Lock()
-# (file, name) -> (key, reason): what this process computed or read, so it asks the file once.
-_memory: dict[tuple[str | None, str], tuple[str, str | None]] = {}
-# file -> its verdicts: several checks share one file, read and parsed once per process (:func:`_read`).
-_files: dict[str, dict[str, tuple[str, str | None]]] = {}
-_said = False  # the one debug message about a cache that cannot be used
+_memory: dict[tuple[str, str], str | None] = {}  # (name, key) -> reason: asked again in this process
+_stats: dict[Any, str] = {}  # file -> its line of a key: each file is stat'ed once per process
+_dir: list[str | None] = []  # the directory, read from the environment once per process
+_said = False
+_generation = 0
 
 
 def cache_dir() -> str | None:
-    """The directory verdicts live in, or None when the cache is off (``RANKMESH_CACHE_DIR`` set
-    and empty) or no home can be found."""
-    env = os.environ
-    raw = env.get(ENV)
+    """The directory verdicts live in, or None (the cache off, or no home to put it in)."""
+    raw = os.environ.get(ENV)
     if raw is not None:
         return os.path.abspath(os.path.expanduser(raw)) if raw.strip() else None
-    xdg = env.get("XDG_CACHE_HOME")
-    if xdg and xdg.startswith(os.sep):  # the XDG spec: a relative path is to be ignored
-        return f"{xdg.rstrip(os.sep)}{os.sep}rankmesh"
-    home = env.get("HOME") or os.path.expanduser("~")  # expanduser: the password entry
-    if not home.startswith(os.sep):  # no HOME and no password entry
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and xdg.startswith(os.sep):  # the XDG spec: a relative path is ignored
+        return os.path.join(xdg, "rankmesh")
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".cache", "rankmesh") if home.startswith(os.sep) else None
+
+
+def path(name: str, key: str) -> str | None:
+    """The file of the check ``name`` under ``key``, or None when the cache is off."""
+    if not _dir:
+        _dir.append(cache_dir())
+    if _dir[0] is None:
         return None
-    return f"{home.rstrip(os.sep)}{os.sep}.cache{os.sep}rankmesh"
+    digest = hashlib.sha256(f"{name}\x00{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return os.path.join(_dir[0], f"verdict-{digest}")
 
 
-def install_scope(module_file: str) -> str:
-    """The ``scope`` of the environment a module was imported from: the folder it is installed in
-    (``.../site-packages`` for ``.../site-packages/torch/__init__.py`` or ``.../site-packages/six.py``)
-    and Python's version, so the checks of every package of one environment (torch's, spmd_types',
-    ...) share one file, read once per process, and two environments sharing a home do not.
-
-        >>> install_scope("/venv/lib/site-packages/torch/__init__.py").split()[0]
-        '/venv/lib/site-packages'
-    """
-    folder, _, name = module_file.rpartition(os.sep)
-    if name.startswith("__init__."):  # a package: the folder it sits in
-        folder = folder.rpartition(os.sep)[0]
-    return f"{folder} {sys.version}"
-
-
-def cache_file(scope: str) -> str | None:
-    """The file that holds the verdicts of ``scope`` (the caller's name for one install, e.g. the
-    directory torch is installed in and the Python version), or None when the cache is off. Where
-    the cache lives is read from the environment once per process (as Python reads
-    ``PYTHONPYCACHEPREFIX``; :func:`forget` reads it again)."""
-    path = _paths.get(scope, "")
-    if path == "":
-        directory = cache_dir()
-        if directory is None:
-            path = None
-        else:
-            # a name, not a check (every entry is taken under an equal key only): two checksums
-            # zlib has anyway (it checks the file), not a hash module's first use (~0.02 ms cold)
-            raw = scope.encode("utf-8", "surrogatepass")
-            path = f"{directory}{os.sep}verdicts-{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}"
-        _paths[scope] = path
-    return path
-
-
-# scope -> its file: asked by every check of a process.
-_paths: dict[str, str | None] = {}
-
-
-def verdict(name: str, key: str, compute: Callable[[], str | None], *, scope: str) -> str | None:
-    """The answer (None, or a reason string) of the check ``name`` whose answer ``key`` decides:
-    the cached one when the file for ``scope`` holds ``name`` under an equal key, else
-    ``compute()``, then stored. ``key`` is text (:func:`code_key` makes one), compared whole."""
-    path = cache_file(scope)
+def verdict(name: str, key: str, compute: Callable[[], str | None]) -> str | None:
+    """The answer (None, or a reason) of the check ``name`` that ``key`` decides: this process's,
+    else the file's, else ``compute()``'s, which is then written unless a file is there already (a
+    bad one older than :data:`STALE_SECONDS`, left by a writer that died, is replaced)."""
     with _lock:
-        seen = _memory.get((path, name))
-    if seen is not None and seen[0] == key:
-        return seen[1]
-    if path is not None:
-        entry = _read(path).get(name)
-        if entry is not None and entry[0] == key:
-            with _lock:
-                _memory[(path, name)] = entry
-            return entry[1]
-    reason = compute()
+        if (name, key) in _memory:
+            return _memory[(name, key)]
+    file = path(name, key)
+    found = _read(file) if file is not None else _MISSING
+    reason = compute() if found is _MISSING or found is _BAD else found
     with _lock:
-        _memory[(path, name)] = (key, reason)
-    if path is not None:
-        _store(path, name, (key, reason))
+        _memory[(name, key)] = reason
+    if file is not None and (found is _MISSING or (found is _BAD and _stale(file))):
+        _write(file, reason, replace=found is _BAD)
     return reason
 
 
 def code_key(files: Any, **facts: Any) -> str | None:
-    """A verdict's key for code that lives in ``files``, as text: one ``name=value`` line per fact
-    (versions, hashes known, which functions; ``repr`` of str, int, None, lists, tuples and dicts
-    of them), Python's version, and ``file <path> <size> <mtime_ns>`` per file (``os.stat``,
-    nothing read: "the same code"; each file once per process). None when a file cannot be
-    stat'ed (then nothing is cached).
+    """A key for code in ``files``: one ``name=value`` line per fact (``repr``), Python's version,
+    and ``file <path> <size> <mtime_ns>`` per file (``os.stat``, nothing read). None when a file
+    cannot be stat'ed (then nothing is kept).
 
         >>> key = code_key([__file__], torch="2.15.0")
         >>> key.splitlines()[0], key.splitlines()[2].startswith("file ")
         ("torch='2.15.0'", True)
     """
-    lines = []
-    for name, value in facts.items():  # a loop, not a comprehension: one code object less to run cold
-        lines.append(f"{name}={value!r}")
+    lines = [f"{name}={value!r}" for name, value in facts.items()]
     lines.append(f"python={sys.version!r}")
     for file in files:
         stamp = _stats.get(file)
@@ -193,136 +122,94 @@ def code_key(files: Any, **facts: Any) -> str | None:
     return "\n".join(lines)
 
 
-# file -> its key line: each file is stat'ed once per process (the code this process runs was read
-# from it at import; several checks' keys name the same files).
-_stats: dict[Any, str] = {}
+def encode(reason: str | None) -> bytes:
+    """A verdict file's bytes: ``rankmesh-verdict <format> <crc32>`` and the answer (``-`` for None,
+    ``+`` and the reason otherwise), which :func:`decode` reads back."""
+    body = b"-" if reason is None else b"+" + reason.encode("utf-8", "backslashreplace")
+    return b"%s %d %08x\n%s" % (_MAGIC, FORMAT, zlib.crc32(body), body)
+
+
+def decode(data: bytes) -> Any:
+    """The answer a file's bytes hold, or :data:`_BAD` when they are not a whole file of this format."""
+    head, newline, body = data.partition(b"\n")
+    if not newline or head != b"%s %d %08x" % (_MAGIC, FORMAT, zlib.crc32(body)):
+        return _BAD
+    if body == b"-":
+        return None
+    return body[1:].decode("utf-8", "backslashreplace") if body[:1] == b"+" else _BAD
+
+
+_MISSING, _BAD = object(), object()
+#: A bad file this much older than now was left by a writer that died: it is replaced.
+STALE_SECONDS = 60
+
+
+def _read(file: str) -> Any:
+    try:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            data = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            return _MISSING
+        _debug(f"rankmesh: start-up check cache {file} not read ({type(e).__name__}: {e}); checking afresh")
+        return _BAD
+    return decode(data)
+
+
+def _stale(file: str) -> bool:
+    try:
+        return os.stat(file).st_mtime < time.time() - STALE_SECONDS
+    except OSError:
+        return False
+
+
+def _write(file: str, reason: str | None, *, replace: bool = False) -> None:
+    """Create ``file`` holding ``reason`` unless it exists (another process wrote it first); with
+    ``replace``, put a whole new file in its place."""
+    target = f"{file}.{os.getpid()}.tmp" if replace else file
+    try:
+        os.makedirs(os.path.dirname(file), mode=0o700, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError as e:
+        _debug(f"rankmesh: start-up check cache {file} not written ({type(e).__name__}: {e}); checks run each time")
+        return
+    try:
+        os.write(fd, encode(reason))  # one write of a few hundred bytes
+    finally:
+        os.close(fd)
+    if replace:
+        try:
+            os.replace(target, file)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+            _debug(f"rankmesh: start-up check cache {file} not replaced ({type(e).__name__}: {e})")
 
 
 def forget() -> None:
-    """Forget what this process read or computed (the files stay): the next :func:`verdict` reads
-    its file again, as a new process would. For tests."""
+    """Forget what this process read or computed (the files stay), as a new process would: for tests."""
     global _said, _generation
     with _lock:
         _memory.clear()
-        _files.clear()
-        _paths.clear()
         _stats.clear()
+        _dir.clear()
         _said = False
         _generation += 1
 
 
 def generation() -> int:
-    """How many times :func:`forget` ran: a caller that keeps an answer in its own memory keeps it
-    for one generation, so a test's "new process" asks again."""
+    """How many times :func:`forget` ran: a caller's own memo lasts one generation."""
     return _generation
-
-
-_generation = 0
-
-
-def _read(path: str, *, again: bool = False) -> dict[str, tuple[str, str | None]]:
-    """The verdicts in ``path`` by name, ``(key, reason)``; empty when there is no usable file.
-    Read once per process, with no ``stat`` (a copy another process has replaced since can only
-    miss, never answer wrongly: every entry is taken only under an equal key); ``again`` (before a
-    write, to keep the other entries) reads it anew."""
-    seen = _files.get(path)
-    if seen is not None and not again:
-        return seen
-    try:
-        fd = os.open(path, os.O_RDONLY)  # no io stack
-        try:
-            data = more = os.read(fd, _CHUNK)  # a verdict file (a few kB) is one read
-            while len(more) == _CHUNK and len(data) <= _MAX_BYTES:  # a full read: there may be more
-                more = os.read(fd, _CHUNK)
-                data += more
-        finally:
-            os.close(fd)
-    except OSError as e:
-        if not isinstance(e, FileNotFoundError):
-            _debug(f"rankmesh: start-up check cache {path} not read ({type(e).__name__}: {e}); checking afresh")
-        _files[path] = {}
-        return {}
-    verdicts = _files[path] = decode(data)
-    return verdicts
-
-
-_CHUNK = 1 << 16  # below malloc's mmap threshold: no mmap/munmap pair for a few kB
-
-_MAGIC = b"rankmesh-verdicts"
-_UNIT, _RECORD = "\x1f", "\x1e"
-
-
-def decode(data: bytes) -> dict[str, tuple[str, str | None]]:
-    """The verdicts a file's bytes hold (:func:`encode`), or none at all when they are not a whole
-    file of this format: too large, another header or format, a CRC that does not match (corrupt,
-    truncated), not UTF-8, a record that is not three fields, a reason of neither form."""
-    head, newline, body = data.partition(b"\n")
-    if len(data) > _MAX_BYTES or not newline or head != b"%s %d %08x" % (_MAGIC, FORMAT, zlib.crc32(body)):
-        return {}
-    verdicts: dict[str, tuple[str, str | None]] = {}
-    if not body:
-        return verdicts
-    try:
-        records = body.decode("utf-8").split(_RECORD)
-    except UnicodeDecodeError:
-        return {}
-    for record in records:
-        fields = record.split(_UNIT)
-        if len(fields) != 3:
-            return {}
-        name, key, reason = fields
-        if reason == "-":
-            verdicts[name] = (key, None)
-        elif reason[:1] == "+":
-            verdicts[name] = (key, reason[1:])
-        else:
-            return {}
-    return verdicts
-
-
-def encode(verdicts: dict[str, tuple[str, str | None]]) -> bytes:
-    """The bytes of a file holding ``verdicts`` (name -> (key, reason)), which :func:`decode` reads
-    back. A separator inside a reason becomes a space (it is a message); a name or key holding one
-    is a ValueError (keys are ``repr``'s text, which escapes them)."""
-    records = []
-    for name, (key, reason) in verdicts.items():
-        if _UNIT in name or _RECORD in name or _UNIT in key or _RECORD in key:
-            raise ValueError(f"the verdict {name!r} has a name or key with a separator in it")
-        said = "-" if reason is None else "+" + reason.replace(_UNIT, " ").replace(_RECORD, " ")
-        records.append(f"{name}{_UNIT}{key}{_UNIT}{said}")
-    body = _RECORD.join(records).encode("utf-8", "surrogatepass")
-    return b"%s %d %08x\n%s" % (_MAGIC, FORMAT, zlib.crc32(body), body)
-
-
-def _store(path: str, name: str, entry: tuple[str, str | None]) -> None:
-    """Puts ``entry`` under ``name`` in ``path``, keeping the other names' entries, by an atomic
-    replace; on any error leaves the file as it was (and says so once, at debug level)."""
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        verdicts = {k: v for k, v in _read(path, again=True).items() if k != name}
-        verdicts[name] = entry
-        data = encode(verdicts)
-        fd, tmp = tempfile.mkstemp(prefix=".verdicts-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            _files[path] = verdicts  # what this process reads from now on
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    except (OSError, ValueError) as e:  # ValueError: a name or key that cannot be written
-        _debug(f"rankmesh: start-up check cache {path} not written ({type(e).__name__}: {e}); checks run each time")
 
 
 def _debug(message: str) -> None:
     global _said
     with _lock:
-        if _said:
-            return
-        _said = True
-    _log.debug(message)
+        said, _said = _said, True
+    if not said:
+        _log.debug(message)

@@ -54,7 +54,7 @@ import threading
 import weakref
 from typing import Any
 
-from rankmesh._patch import KnownCode, Patch
+from rankmesh._patch import Gate, Patch
 
 __all__ = ["INIT_DEVICE_MESH", "INIT_PROCESS_GROUPS", "PATCHES", "accelerate", "created_groups", "restore"]
 
@@ -244,26 +244,11 @@ INIT_PROCESS_GROUPS = Patch(
     _make_init_process_groups,
     why="every DeviceMesh torch builds (init_device_mesh, DeviceMesh(mesh=...), _flatten, _unflatten) creates "
     "every group of every dim through it; rankmesh's creates this rank's group per dim, O(group size)",
-    versions="torch 2.13, 2.14 and 2.15 (_init_process_groups and _init_one_process_group by body)",
+    detail="(_init_process_groups and _init_one_process_group by body)",
     wrap=staticmethod,
-    # 2.14's bodies were read from the 2.14.0 and 2.14.1 wheels' sources, which agree (the suite ran
-    # on 2.14.1 by hand; CI runs 2.15 and 2.13)
-    code=KnownCode(
+    gate=Gate(
         "torch",
-        {
-            "2.13": {
-                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
-                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"f99050d28ccfdb7d"}),
-            },
-            "2.14": {  # 2.13's _init_process_groups; _init_one_process_group adds a non-member guard
-                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"031d14dd4af72a7e"}),
-                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"cb243290d068e561"}),
-            },
-            "2.15": {
-                f"{_DEVICE_MESH}.DeviceMesh._init_process_groups": frozenset({"dbc722f632161f06"}),
-                f"{_DEVICE_MESH}.DeviceMesh._init_one_process_group": frozenset({"2d616ffe2b5f9e09"}),
-            },
-        },
+        [f"{_DEVICE_MESH}.DeviceMesh.{m}" for m in ("_init_process_groups", "_init_one_process_group")],
         reader="this patch",
     ),
 )
@@ -275,16 +260,8 @@ INIT_DEVICE_MESH = Patch(
     _make_init_device_mesh,
     why="frameworks build their meshes with it; rankmesh's returns a FastDeviceMesh (torch's size-1 rule) whose "
     "slices, _flatten and _unflatten stay O(group size) where torch's DeviceMesh makes a W-long tuple per mesh",
-    versions="torch 2.13, 2.14 and 2.15 (init_device_mesh by body)",
-    code=KnownCode(
-        "torch",
-        {
-            "2.13": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-            "2.14": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-            "2.15": {f"{_DEVICE_MESH}.init_device_mesh": frozenset({"70f0098127cf58fa"})},
-        },
-        reader="this patch",
-    ),
+    detail="(init_device_mesh by body)",
+    gate=Gate("torch", [f"{_DEVICE_MESH}.init_device_mesh"], reader="this patch"),
     # torch's own re-exports of the name (FSDP2's fully_shard makes its default mesh with it); a
     # module outside torch that bound it early is warned about by rankmesh.accelerate()
     aliases=(

@@ -934,8 +934,8 @@ CONCATENATE = Patch(
     _patched_concatenate,
     why="FSDP2 joins its dp mesh and each parameter's mesh with it; torch's builds a W-long rank map per call, "
     "rankmesh's is O(ndim) when every input is a rankmesh mesh of one world (torch's own otherwise)",
-    versions="torch 2.13-2.15: a staticmethod(device_mesh_list) whose body rankmesh has read",
-    code=compat.CONCATENATE_CODE,
+    detail="(a staticmethod(device_mesh_list), by body)",
+    gate=compat.CONCATENATE_CODE,
     check=_fast_meshes_on,
     wrap=staticmethod,
 )

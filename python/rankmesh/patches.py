@@ -25,12 +25,13 @@ versions and which exact function bodies it recognises, whether it is installed,
 from __future__ import annotations
 
 from rankmesh import devicemesh, mesh, torchtitan
-from rankmesh._patch import KnownCode, Patch, disabled, resolve, source_hash
+from rankmesh._known import TABLES
+from rankmesh._patch import Gate, Patch, disabled, resolve, source_hash
 from rankmesh.errors import UnknownNameError
 from rankmesh.megatron import fsdp, route
 from rankmesh.torchtitan import spmd_axis
 
-__all__ = ["REGISTRY", "Patch", "disabled", "get", "hashes", "installed", "known_code", "restore_all", "source_hash"]
+__all__ = ["REGISTRY", "Gate", "Patch", "disabled", "gates", "get", "hashes", "installed", "restore_all", "source_hash"]
 
 
 #: Every patch rankmesh can install, by name.
@@ -69,48 +70,48 @@ def restore_all() -> None:
         p.restore()
 
 
-def known_code() -> dict[str, KnownCode]:
-    """Every :class:`~rankmesh.patches.KnownCode` rankmesh checks before it runs: each patch's, the
-    fast process-group paths' (``fast_groups new_group``, ``fast_groups split_group``) and the
-    self-check's ``DeviceMesh._concatenate`` (``fast_meshes``), by a name for people."""
+def gates() -> dict[str, Gate]:
+    """Every :class:`~rankmesh._patch.Gate` rankmesh asks before it runs, by a name for people: each
+    patch's, the fast process-group paths' (``fast_groups new_group``, ``fast_groups split_group``)
+    and the mesh self-check's ``DeviceMesh._concatenate`` (``fast_meshes``)."""
     from rankmesh import _fast_groups_check, _torch_compat
 
-    out = {f"patch {n}": p.code for n, p in REGISTRY.items()}
-    out.update({f"fast_groups {n}": c for n, c in _fast_groups_check.KNOWN_BODIES.items()})
+    out = {f"patch {n}": p.gate for n, p in REGISTRY.items()}
+    out.update({f"fast_groups {n}": g for n, g in _fast_groups_check.GATES.items()})
     out["fast_meshes"] = _torch_compat.CONCATENATE_CODE
     return out
 
 
 def hashes() -> str:
-    """The table entries for what is installed here, ready to paste: for each :func:`known_code`,
-    the installed release's key and ``{dotted path: frozenset({source hash})}`` of every function
-    any release of it names (a new torch or framework release is then the pin plus this entry).
+    """The table entries (:data:`rankmesh._known.TABLES`) of what is installed here, ready to paste:
+    per dependency, its installed release's ``Release({dotted path: hash, ...}, facts)`` with every
+    path any release of its table names. A new release is then the pin
+    (:data:`rankmesh._dependencies.DEPENDENCIES`) plus this entry; its facts are copied from the
+    newest release read, to be checked by hand.
 
-        >>> "patch init_device_mesh" in hashes()
+        >>> "torch.distributed.device_mesh.init_device_mesh" in hashes()
         True
     """
     from rankmesh import _dependencies
 
     lines = []
-    for name, code in known_code().items():
-        installed = _dependencies.version(code.dependency)
+    for dependency, table in TABLES.items():
+        installed = _dependencies.version(dependency)
         if installed is None:
-            lines.append(f"# {name}: {code.dependency} is not installed")
+            lines.append(f"# {dependency} is not installed")
             continue
-        release = code.release() or ".".join(installed.split("+")[0].split(".")[:2])
-        known = "read" if code.release() else "NOT read yet: add the release to rankmesh._dependencies"
-        lines.append(f"# {name}: {code.dependency} {installed} (release {release!r}: {known})")
-        paths = sorted({p for bodies in code.bodies.values() for p in bodies})
-        lines.append(f'"{release}": {{' + ("" if paths else "},"))
-        for path in paths:
+        release = _dependencies.release_in(installed, tuple(table))
+        state = "read" if release else "NOT read: pin it in rankmesh._dependencies and paste this entry"
+        key = release or ".".join(installed.split("+")[0].split(".")[:2])
+        facts = table[release or next(reversed(table))].facts
+        lines += [f"# {dependency} {installed}: {state}", f'"{dependency}": {{', f'    "{key}": Release(', "        {"]
+        for path in sorted({p for r in table.values() for p in r.bodies}):
             try:
-                digest = source_hash(resolve(path))
+                lines.append(f'            "{path}": "{source_hash(resolve(path))}",')
             except (ImportError, AttributeError, OSError, TypeError) as e:
-                lines.append(f"    # {path}: {type(e).__name__}: {e}")
-                continue
-            lines.append(f'    "{path}": frozenset({{"{digest}"}}),')
-        if paths:
-            lines.append("},")
+                lines.append(f"            # {path}: {type(e).__name__}: {e}")
+        lines.append("        }," + ("" if release else "  # facts copied from the newest release: check them"))
+        lines += ([f"        {facts!r},"] if facts else []) + ["    ),", "},"]
     return "\n".join(lines)
 
 

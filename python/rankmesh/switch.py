@@ -154,7 +154,7 @@ def _warn_bound_early() -> None:
     seen: set[int] = set()  # torchtitan's patch replaces the same torch function: one warning
     holders = {p.owner for p in patches() if p.installed}
     for p in patches():
-        if not p.installed or not isinstance(p._holder, types.ModuleType) or id(p.original()) in seen:
+        if not p.installed or not isinstance(p.holder, types.ModuleType) or id(p.original()) in seen:
             continue
         original = p.original()
         seen.add(id(original))

@@ -35,7 +35,7 @@ from typing import Any
 
 from rankmesh._native import MeshLayout, Slice
 from rankmesh._once import warn_once
-from rankmesh._patch import KnownCode, Patch
+from rankmesh._patch import Gate, Patch
 
 __all__ = [
     "PATCH_NAME",
@@ -56,16 +56,14 @@ _ADAPTER = "megatron.core.distributed.fsdp.mcore_fsdp_adapter"
 #: ``rankmesh._patch.source_hash`` of every function whose behaviour it reproduces: the method
 #: itself and the helpers it stands in for. A new release that changes any of them (megatron-core's
 #: main branch already gives HSDP an expert mesh) is left alone whatever its version string says.
-_CODE = KnownCode(
+_CODE = Gate(
     "megatron-core",
-    {
-        "0.16.1": {
-            f"{_ADAPTER}.FullyShardedDataParallel._init_dist_index": frozenset({"68509aaf698abd55"}),
-            f"{_ADAPTER}._get_dp_tp_mesh": frozenset({"dffb0e0843dd3fc7"}),
-            f"{_ADAPTER}._get_hsdp_tp_mesh": frozenset({"a47e5029728e12cf"}),
-            f"{_ADAPTER}._check_mesh_ranks_and_group_ranks_are_consistent": frozenset({"371463bf3c755cf1"}),
-        },
-    },
+    [
+        f"{_ADAPTER}.FullyShardedDataParallel._init_dist_index",
+        f"{_ADAPTER}._get_dp_tp_mesh",
+        f"{_ADAPTER}._get_hsdp_tp_mesh",
+        f"{_ADAPTER}._check_mesh_ranks_and_group_ranks_are_consistent",
+    ],
 )
 
 _DEVICE_TYPE = "cuda"  # what megatron-core 0.16 hard-codes for these meshes
@@ -350,6 +348,6 @@ PATCH = Patch(
     lambda original: make_init_dist_index(original),
     why="Megatron-FSDP builds its DeviceMeshes over the whole job from arange(world) (about 2 s per rank at 2^20); "
     "rankmesh builds the same meshes from the groups parallel_state holds, O(group)",
-    versions=f"megatron-core {', '.join(_CODE.releases)} with the known _init_dist_index and helper bodies",
-    code=_CODE,
+    detail="(_init_dist_index and the helpers it stands in for, by body)",
+    gate=_CODE,
 )

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rankmesh._once import warn_once
-from rankmesh._patch import KnownCode, Patch
+from rankmesh._patch import Gate, Patch
 from rankmesh.megatron import parallel_state
 
 __all__ = ["CODE", "PATCH"]
@@ -37,23 +37,24 @@ _PS = "megatron.core.parallel_state"
 #: checks, RankGenerator's groups and order, the groups' options, the embedding defaults) and relies
 #: on (``destroy_model_parallel`` resets every global it sets), per release read. 0.16.0 and 0.16.1
 #: have the same ``parallel_state``.
-CODE = KnownCode(
+CODE = Gate(
     "megatron-core",
-    {
-        "0.16": {
-            f"{_PS}.initialize_model_parallel": frozenset({"56c283adf84e5d23"}),
-            f"{_PS}.RankGenerator.__init__": frozenset({"f516458c5b50c46e"}),
-            f"{_PS}.RankGenerator.get_ranks": frozenset({"5114e72f50e090db"}),
-            f"{_PS}.generate_masked_orthogonal_rank_groups": frozenset({"5abd2023c2d1925c"}),
-            f"{_PS}.create_group": frozenset({"fb40d7d4c3cdedce"}),
-            f"{_PS}.get_nccl_options": frozenset({"d4654b3e8c3835b3"}),
-            f"{_PS}.create_hierarchical_groups": frozenset({"79429f802c9a6a4a"}),
-            f"{_PS}.create_hybrid_dp_cp_groups": frozenset({"e051fab1b13ac884"}),
-            f"{_PS}.default_embedding_ranks": frozenset({"09fcb80d5f63539c"}),
-            f"{_PS}.default_position_embedding_ranks": frozenset({"b036a9de8792caec"}),
-            f"{_PS}.destroy_model_parallel": frozenset({"6fea4ba8b6430c52"}),
-        },
-    },
+    [
+        f"{_PS}.{name}"
+        for name in (
+            "initialize_model_parallel",
+            "RankGenerator.__init__",
+            "RankGenerator.get_ranks",
+            "generate_masked_orthogonal_rank_groups",
+            "create_group",
+            "get_nccl_options",
+            "create_hierarchical_groups",
+            "create_hybrid_dp_cp_groups",
+            "default_embedding_ranks",
+            "default_position_embedding_ranks",
+            "destroy_model_parallel",
+        )
+    ],
     reader="this patch",
 )
 
@@ -98,6 +99,6 @@ PATCH = Patch(
     _make,
     why="megatron-core creates every group of the job on every rank (281,138 new_group calls per rank at "
     "131,072); rankmesh's creates this rank's, O(group size), and leaves parallel_state as megatron-core's does",
-    versions="megatron-core 0.16 (initialize_model_parallel, RankGenerator and the helpers it reproduces, by body)",
-    code=CODE,
+    detail="(initialize_model_parallel, RankGenerator and the helpers it reproduces, by body)",
+    gate=CODE,
 )

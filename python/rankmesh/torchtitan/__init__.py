@@ -55,9 +55,9 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from rankmesh._dependencies import DEPENDENCIES, available, warn_unsupported
+from rankmesh._dependencies import available, warn_unsupported
 from rankmesh._dependencies import version as dependency_version
-from rankmesh._patch import KnownCode, Patch
+from rankmesh._patch import Gate, Patch
 
 __all__ = [
     "PATCH",
@@ -112,10 +112,10 @@ PATCH = Patch(
     _make,
     why="torchtitan's meshes become rankmesh's: every _unflatten, _flatten and slice of its world mesh "
     "is O(group) with one process group per distinct partition",
-    versions=f"torchtitan {DEPENDENCIES['torchtitan'].supported}, the name still torch's init_device_mesh",
+    detail="(the name still torch's init_device_mesh)",
     # torchtitan's releases whose ParallelDims.build_mesh rankmesh has read and tests against, by
     # version (the name it replaces is torch's function, checked by identity)
-    code=KnownCode("torchtitan", {r: {} for r in DEPENDENCIES["torchtitan"].releases}),
+    gate=Gate("torchtitan"),
     check=_still_torchs,
 )
 

@@ -29,9 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rankmesh._dependencies import DEPENDENCIES
 from rankmesh._native import Slice
-from rankmesh._patch import KnownCode, Patch
+from rankmesh._patch import Gate, Patch
 from rankmesh.errors import RankmeshError
 
 __all__ = ["COUNTS", "PATCH", "contains", "make_le"]
@@ -112,8 +111,6 @@ def make_le(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return __le__
 
 
-_LE_BODY = {"spmd_types._mesh_axis.MeshAxis.__le__": frozenset({"a7be55d60579d6bb"})}
-
 #: The patch (listed in :mod:`rankmesh.patches`; installed by :func:`rankmesh.torchtitan.accelerate`).
 PATCH = Patch(
     "spmd_axis_le",
@@ -122,7 +119,7 @@ PATCH = Patch(
     lambda original: make_le(original),
     why="torch's FSDP2 compares mesh axes twice per parameter; spmd_types builds both axes' rank sets each time "
     "(58 ms per call at 2^20); rankmesh compares (size, stride) modes in O(modes), the sets where they are no chain",
-    versions=f"spmd_types {DEPENDENCIES['spmd_types'].supported} with the known __le__ body",
+    detail="(MeshAxis.__le__ by body)",
     # one body in every release spmd_types has published since 0.2.3
-    code=KnownCode("spmd_types", {r: _LE_BODY for r in DEPENDENCIES["spmd_types"].releases}),
+    gate=Gate("spmd_types", ["spmd_types._mesh_axis.MeshAxis.__le__"]),
 )
