@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import _torch_compat
+from rankmesh import _mesh_check
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh, _normalize_backend_override
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
@@ -36,7 +36,7 @@ from tests.conftest import FAKE
 
 MESH_MARKS = [
     pytest.mark.skipif(
-        not _torch_compat.fast_meshes_available(),
+        not _mesh_check.fast_meshes_available(),
         reason=f"rankmesh falls back to torch's own DeviceMesh on torch {torch.__version__}",
     ),
     # torch deprecates slicing a flattened dim from the root; the property test does it on purpose.

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from rankmesh import _native, _torch_compat, patches
+from rankmesh import _mesh_check, _native, _torch_compat, patches
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -124,7 +124,7 @@ def test_the_patch_is_installed_once_and_wraps_torchs_function():
     assert patch.installed and "concatenate" in patches.installed()
     assert patch.install() is True  # idempotent: nothing changes
     assert DeviceMesh.__dict__["_concatenate"] is patched
-    assert _torch_compat.CONCATENATE_CODE.recognise() is None  # the self-check recognises torch's function
+    assert _mesh_check.CONCATENATE_CODE.recognise() is None  # the self-check recognises torch's function
     patch.restore()  # stock torch's function is back, and torch's own result comes out
     try:
         assert DeviceMesh.__dict__["_concatenate"] is _torch_compat._TORCH_CONCATENATE
@@ -169,7 +169,7 @@ def test_a_concatenate_whose_body_rankmesh_has_not_read_turns_the_fast_meshes_of
     patch stays out."""
     plant_body(monkeypatch, "torch", "torch.distributed.device_mesh.DeviceMesh._concatenate")
     unknown = "torch.distributed.device_mesh.DeviceMesh._concatenate has a body rankmesh does not know (hash "
-    assert _torch_compat.CONCATENATE_CODE.recognise().startswith(unknown)
-    assert unknown in _torch_compat._self_check()
-    monkeypatch.setattr(_torch_compat, "_state", {"ok": True})  # as decided before: the patch's own check
+    assert _mesh_check.CONCATENATE_CODE.recognise().startswith(unknown)
+    assert unknown in _mesh_check._self_check()
+    monkeypatch.setattr(_mesh_check, "_state", {"ok": True})  # as decided before: the patch's own check
     assert patches.get("concatenate").recognise().startswith(unknown)

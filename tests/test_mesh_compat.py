@@ -12,7 +12,7 @@ import pytest
 import rankmesh
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import MeshLayout, _dependencies, _groups, _once, _torch_compat, mesh
+from rankmesh import MeshLayout, _dependencies, _groups, _mesh_check, _once, mesh
 from rankmesh._dependencies import release_of
 from rankmesh.mesh import FastDeviceMesh, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
@@ -36,13 +36,13 @@ def world8():
 
 def test_this_torch_is_supported_and_passes_the_self_check():
     assert release_of("torch") is not None
-    assert _torch_compat._self_check() is None
-    assert _torch_compat.fast_meshes_available()
+    assert _mesh_check._self_check() is None
+    assert _mesh_check.fast_meshes_available()
 
 
 def test_an_unknown_torch_falls_back_to_torchs_own_mesh_with_one_warning(world8, monkeypatch):
     monkeypatch.setitem(_dependencies._versions, "torch", "9.99.0")
-    monkeypatch.setattr(_torch_compat, "_state", {})
+    monkeypatch.setattr(_mesh_check, "_state", {})
     monkeypatch.setattr(_once, "_seen", set())
     unread = r"torch \S+ is not a version rankmesh has read \(supported: 2\.13, 2\.14, 2\.15\)"
     with pytest.warns(RuntimeWarning, match=unread):
@@ -59,7 +59,7 @@ def test_an_unknown_torch_falls_back_to_torchs_own_mesh_with_one_warning(world8,
 
 
 def test_the_fallback_honours_a_rank_map(world8, monkeypatch):
-    monkeypatch.setattr(_torch_compat, "_state", {"ok": False})
+    monkeypatch.setattr(_mesh_check, "_state", {"ok": False})
     rank_map = [7, 6, 5, 4, 3, 2, 1, 0]
     m = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"), rank_map=rank_map)
     assert type(m) is DeviceMesh
@@ -67,8 +67,8 @@ def test_the_fallback_honours_a_rank_map(world8, monkeypatch):
 
 
 def test_a_failed_self_check_disables_the_fast_path(monkeypatch):
-    monkeypatch.setattr(_torch_compat, "_REQUIRED_METHODS", ("_no_such_method",))
-    reason = _torch_compat._self_check()
+    monkeypatch.setattr(_mesh_check, "_REQUIRED_METHODS", ("_no_such_method",))
+    reason = _mesh_check._self_check()
     assert reason is not None and "_no_such_method" in reason
 
 
@@ -80,7 +80,7 @@ def test_a_torch_whose_get_coordinate_reads_another_field_fails_the_self_check(m
         return self._coordinate
 
     monkeypatch.setattr(DeviceMesh, "get_coordinate", get_coordinate)
-    reason = _torch_compat._self_check()
+    reason = _mesh_check._self_check()
     assert reason is not None and "_coordinate_on_dim (read by get_coordinate)" in reason
 
 

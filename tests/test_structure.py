@@ -390,11 +390,10 @@ def torch_fields() -> set[str]:
 def checked_at_start_up() -> set[str]:
     """The private torch members the start-up self-check names (``rankmesh._torch_compat``'s lists),
     and the attributes rankmesh's patches replace, each recognised by its body (:mod:`rankmesh.patches`)."""
-    from rankmesh import _torch_compat as compat
-    from rankmesh import patches
+    from rankmesh import _mesh_check, patches
 
-    checked = set(compat._REQUIRED_METHODS) | set(compat._REQUIRED_FIELDS) | set(compat._TENSOR_FIELDS)
-    checked |= {f for f, _ in compat._READ_FIELDS}
+    checked = set(_mesh_check._REQUIRED_METHODS) | set(_mesh_check._REQUIRED_FIELDS) | set(_mesh_check._TENSOR_FIELDS)
+    checked |= {f for f, _ in _mesh_check._READ_FIELDS}
     checked |= {"_preserve_rank_order"}  # HAS_PRESERVE_RANK_ORDER: set on every torch, read where it exists
     for patch in patches.REGISTRY.values():
         checked |= {patch.attribute} | {path.rsplit(".", 1)[-1] for path in patch.gate.paths}
@@ -672,15 +671,15 @@ def test_a_torch_that_renamed_a_field_rankmesh_writes_fails_the_self_check(monke
     read its own field, unset or stale, where rankmesh set the old name. Every field mesh.py writes
     (but ``_preserve_rank_order``, set on every torch and read only where it exists) is named by the
     start-up self-check, which refuses such a torch."""
-    from rankmesh import _torch_compat as compat
+    from rankmesh import _mesh_check
 
     written = fields_written(ast.parse((PACKAGE / "mesh.py").read_text()))
     torchs = {f for f in written if not f.startswith(OWN_FIELD_PREFIX)} - {"_preserve_rank_order"}
     assert {"_coordinate_on_dim", "_dim_group_names", "_flatten_rank_map", "_hash", "_layout"} <= torchs
-    assert compat._self_check() is None
+    assert _mesh_check._self_check() is None
     for field in sorted(torchs):
-        monkeypatch.setattr(compat, "DeviceMesh", renamed(field))
-        reason = compat._self_check()
+        monkeypatch.setattr(_mesh_check, "DeviceMesh", renamed(field))
+        reason = _mesh_check._self_check()
         assert reason is not None and field in reason, (field, reason)
 
 

@@ -18,7 +18,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0.3.0 is a test dependency")
 import torch.distributed as dist  # noqa: E402
-from rankmesh import _torch_compat  # noqa: E402
+from rankmesh import (
+    _mesh_check,  # noqa: E402
+    _torch_compat,  # noqa: E402
+)
 from rankmesh.bench import titan_workloads as tw  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -26,7 +29,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from tests.mesh_helpers import outcome  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
+    pytest.mark.skipif(not _mesh_check.fast_meshes_available(), reason="rankmesh falls back to torch here"),
     pytest.mark.filterwarnings("ignore"),
 ]
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
-from rankmesh import _dependencies, _once, _torch_compat
+from rankmesh import _dependencies, _mesh_check, _once
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
 
@@ -35,7 +35,7 @@ from rankmesh.mesh import FastDeviceMesh  # noqa: E402
 from tests.conftest import MESHFAKE, fake_world  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not _torch_compat.fast_meshes_available(),
+    not _mesh_check.fast_meshes_available(),
     reason=f"rankmesh falls back to torch's own DeviceMesh on torch {torch.__version__}",
 )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from rankmesh import _torch_compat
+from rankmesh import _mesh_check
 
 from tests.mp import rankmesh_mp as mp
 
@@ -18,7 +18,7 @@ pytest.importorskip("torchtitan.distributed.parallel_dims", reason="torchtitan 0
 pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
-    pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
+    pytest.mark.skipif(not _mesh_check.fast_meshes_available(), reason="rankmesh falls back to torch here"),
 ]
 
 WORLD = 8

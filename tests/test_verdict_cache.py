@@ -377,26 +377,26 @@ def test_the_torch_compat_algebra_check_is_computed_once_per_install(cache, monk
     """The part of the fast meshes' self-check that only the two layout algebras decide (torch's
     ``_mesh_layout``/``_pycute`` and rankmesh's native module) is kept like the group checks: a
     later process with the same files reads it; a changed file is another key."""
-    from rankmesh import _torch_compat
+    from rankmesh import _mesh_check
 
     runs = []
-    real = _torch_compat._algebra_reason
+    real = _mesh_check._algebra_reason
 
     def counting():
         runs.append(1)
         return real()
 
-    monkeypatch.setattr(_torch_compat, "_algebra_reason", counting)
-    assert _torch_compat._self_check() is None and len(runs) == 1
+    monkeypatch.setattr(_mesh_check, "_algebra_reason", counting)
+    assert _mesh_check._self_check() is None and len(runs) == 1
     _verdicts.forget()  # a new process: the file answers
-    assert _torch_compat._self_check() is None and len(runs) == 1
-    key = _torch_compat._algebra_key()
+    assert _mesh_check._self_check() is None and len(runs) == 1
+    key = _mesh_check._algebra_key()
     first = next(line for line in key.splitlines() if line.startswith("file "))
     path, size, mtime = first.rsplit(" ", 2)
     key = key.replace(first, f"{path} {size} {int(mtime) + 1}")  # torch's _mesh_layout.py touched
-    monkeypatch.setattr(_torch_compat, "_algebra_key", lambda: key)
+    monkeypatch.setattr(_mesh_check, "_algebra_key", lambda: key)
     _verdicts.forget()
-    assert _torch_compat._self_check() is None and len(runs) == 2
+    assert _mesh_check._self_check() is None and len(runs) == 2
 
 
 def test_a_package_without_a_version_attribute_is_looked_up_once_per_install(cache, tmp_path, monkeypatch):

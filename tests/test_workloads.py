@@ -18,7 +18,9 @@ import pytest
 
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from rankmesh import _torch_compat  # noqa: E402
+from rankmesh import (
+    _mesh_check,  # noqa: E402
+)
 from rankmesh.bench import workloads as wl  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -26,7 +28,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from tests.conftest import fake_world  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
+    pytest.mark.skipif(not _mesh_check.fast_meshes_available(), reason="rankmesh falls back to torch here"),
     pytest.mark.filterwarnings("ignore:FSDP2-wrapped module"),
 ]
 

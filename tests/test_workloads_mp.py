@@ -9,14 +9,16 @@ import pytest
 
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from rankmesh import _torch_compat  # noqa: E402
+from rankmesh import (
+    _mesh_check,  # noqa: E402
+)
 
 from tests.mp import rankmesh_mp as mp  # noqa: E402
 
 pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo"),
-    pytest.mark.skipif(not _torch_compat.fast_meshes_available(), reason="rankmesh falls back to torch here"),
+    pytest.mark.skipif(not _mesh_check.fast_meshes_available(), reason="rankmesh falls back to torch here"),
 ]
 
 WORLD = 8

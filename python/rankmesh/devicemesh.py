@@ -215,10 +215,10 @@ def _make_init_process_groups(torch_init_process_groups: Any) -> Any:
 
 def _make_init_device_mesh(torch_init_device_mesh: Any) -> Any:
     def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None, backend_override=None):  # noqa: ANN001, ANN202
-        from rankmesh import _torch_compat as compat
+        from rankmesh import _mesh_check
         from rankmesh.mesh import init_device_mesh as rankmesh_init_device_mesh
 
-        if not compat.fast_meshes_available():
+        if not _mesh_check.fast_meshes_available():
             return torch_init_device_mesh(
                 device_type, mesh_shape, mesh_dim_names=mesh_dim_names, backend_override=backend_override
             )

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from rankmesh import _fast_groups
+from rankmesh import _fast_groups, _mesh_check
 from rankmesh import _torch_compat as compat
 from rankmesh._check import (
     as_bool,
@@ -60,17 +60,28 @@ from rankmesh._check import (
     as_rank,
     as_sequence,
     check_str,
-    check_unique,
-    positive_int,
     type_name,
+)
+from rankmesh._mesh_args import (
+    NO_OVERRIDE,
+    BackendConfig,
+    backend_config,
+    backend_configs,
+    from_group_arguments,
+    init_arguments,
+    names_tuple,
+    normalize_overrides,
+    sizes_tuple,
+    torch_first,
+    torch_rejects,
 )
 from rankmesh._native import MeshLayout, Slice
 from rankmesh._once import warn_once
 from rankmesh._patch import Patch
-from rankmesh._torch_compat import C10dOptions as _C10dOptions
+from rankmesh._torch_compat import C10dOptions as C10dOptions
 from rankmesh._torch_compat import TorchMeshLayout as _MeshLayout
 from rankmesh._torch_compat import flat_layout as _flat_layout
-from rankmesh._torch_compat import normalize_backend_override as _normalize_backend_override
+from rankmesh._torch_compat import normalize_backend_override as normalize_backend_override
 from rankmesh.errors import (
     ArgumentTypeError,
     DimOutOfRangeError,
@@ -89,15 +100,12 @@ from rankmesh.process_groups import (
     FAKE,
     BuildReport,
     MeshBuilder,
-    check_backend_name,
     group_slice,
     require_default_group,
 )
 
 __all__ = ["FastDeviceMesh", "from_group", "init_device_mesh"]
 
-BackendConfig = tuple[Any, Any]
-_NO_OVERRIDE: BackendConfig = (None, None)
 
 _log = logging.getLogger("rankmesh")
 
@@ -216,158 +224,6 @@ def _check_agree(rm_layout: MeshLayout, tl: _MeshLayout) -> None:
         )
 
 
-def _names_tuple(value: Any, field: str) -> tuple[str, ...]:
-    names = as_sequence(value, field, "names", noun="a tuple")
-    for i, n in enumerate(names):
-        if not isinstance(n, str):
-            raise ArgumentTypeError(
-                f"{field}[{i}] must be a str name, got {type_name(n)} {n!r}", field=f"{field}[{i}]", value=n
-            )
-        check_str(n, f"{field}[{i}]")  # valid UTF-8 text (no lone surrogates)
-    check_unique(
-        names,
-        field,
-        lambda n: (
-            f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {n!r} in {field} {names}; "
-            "rename one of them"
-        ),
-        value_is_all=True,
-    )
-    return names
-
-
-def _sizes_tuple(value: Any, field: str) -> tuple[int, ...]:
-    """Mesh sizes: each an int >= 1 by :mod:`rankmesh._check`'s rule (no bool, float or str)."""
-    sizes = as_sequence(value, field, "sizes", noun="a tuple")
-    hint = "; every mesh dimension needs at least one rank"
-    return tuple(positive_int(s, f"{field}[{i}]", hint=hint) for i, s in enumerate(sizes))
-
-
-def _torch_first(torch_error: BaseException | None, own: str, hint: str) -> str:
-    """An error message: torch's own where torch raises for the same case (``str`` of what its
-    check raised, for the torch running), else rankmesh's words for it; then rankmesh's hint."""
-    first = own if torch_error is None else str(torch_error)
-    if first.endswith((".", "!")):
-        return f"{first} {hint[:1].upper()}{hint[1:]}"
-    return f"{first}; {hint}"
-
-
-def _check_backend(name: str | None, field: str) -> None:
-    """:func:`check_backend_name`, its error starting with torch's for the same name where torch
-    refuses it too: a non-empty single name c10d does not know (``"Unknown backend type ..."``,
-    which torch raises only while creating the group; see :func:`compat.unknown_backend_text`).
-    torch takes ``""`` as the default backend, which rankmesh refuses in its own words."""
-    try:
-        check_backend_name(name, field)
-    except MeshArgumentError as e:
-        if not name or "," in name:
-            raise
-        raise MeshArgumentError(
-            f"{compat.unknown_backend_text(name)}; {e}", field=e.field, value=e.value, kind=e.kind, ctx=e.ctx, fix=e.fix
-        ) from None
-
-
-def _backend_config(value: Any, field: str) -> BackendConfig:
-    """One dim's override as torch takes it (a backend name, ``Backend.Options``, or a
-    ``(name, options)`` pair), as torch's ``(backend, options)`` pair. The options of a ``fake``
-    override (``FakeProcessGroup.Options``) reach its group as torch passes them."""
-    if isinstance(value, str):
-        _check_backend(value, field)
-        return (value, None)
-    if isinstance(value, _C10dOptions):
-        return (None, value)
-    if (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and isinstance(value[0], (str, type(None)))
-        and isinstance(value[1], (_C10dOptions, type(None)))
-    ):
-        _check_backend(value[0], field)
-        return value
-    # torch checks none of this: a malformed value fails inside its group creation (unpacking it,
-    # or reading ``_timeout``) with Python's TypeError / ValueError / AttributeError, which is no
-    # check of torch's; rankmesh's ArgumentTypeError (a TypeError) keeps its own words.
-    raise ArgumentTypeError(
-        f"{field} must be a backend name (e.g. 'gloo', 'fake'), a Backend.Options, or a (name, options) "
-        f"pair, got {type_name(value)} {value!r}",
-        field=field,
-        value=value,
-    )
-
-
-class _Given:
-    """One dim's override as the caller gave it, with the key the caller used. torch's
-    ``_normalize_backend_override`` yields such an object unchanged (it converts only ``str`` and
-    ``Backend.Options`` values), so torch itself decides which key is which dim."""
-
-    __slots__ = ("key", "value")
-
-    def __init__(self, key: Any, value: Any) -> None:
-        self.key = key
-        self.value = value
-
-
-def _is_key(k: Any) -> bool:
-    """rankmesh's rule for a ``backend_override`` key: a name, or an int (never a bool or a float,
-    which torch's ``in`` would take for the index they equal)."""
-    return isinstance(k, str) or (not isinstance(k, bool) and hasattr(k, "__index__"))
-
-
-def _normalize_overrides(
-    backend_override: Mapping[Any, Any] | None, ndim: int, names: tuple[str, ...] | None
-) -> tuple[_Given | None, ...]:
-    """The keys of ``backend_override``, checked as torch checks them and in torch's order: torch's
-    own ``_normalize_backend_override`` runs first (a dim named by both its index and its name,
-    then keys that name no dim), and its ``RuntimeError`` is the start of rankmesh's error (a
-    :class:`MeshArgumentError`, or an :class:`ArgumentTypeError` where a key is neither a name nor
-    an int); then rankmesh's own rule refuses a bool or float key that torch took for an index.
-    Per dim, the value given (with its key), or None. The values are checked by
-    :func:`_backend_configs`, later, where torch checks them (creating the groups). The caller's
-    mapping is left as it is (torch's ``init_device_mesh`` empties it)."""
-    if backend_override is None:
-        return (None,) * ndim
-    if not isinstance(backend_override, Mapping):
-        raise ArgumentTypeError(
-            f"backend_override must be a mapping of dim (name or index) -> backend, got "
-            f"{type_name(backend_override)} {backend_override!r}",
-            field="backend_override",
-            value=backend_override,
-        )
-    given = {k: _Given(k, v) for k, v in backend_override.items()}
-    torch_error = None
-    try:
-        per_dim = tuple(_normalize_backend_override(dict(given), ndim, names))
-    except RuntimeError as e:
-        torch_error = e
-    bad = [k for k in backend_override if not _is_key(k)]
-    if bad:
-        why = f"backend_override keys must be dim names (str) or indices (int), got {type_name(bad[0])} {bad[0]!r}"
-        raise ArgumentTypeError(
-            why if torch_error is None else f"{torch_error}; {why}", field="backend_override", value=bad[0]
-        ) from torch_error
-    if torch_error is not None:
-        raise MeshArgumentError(
-            f"{torch_error}; name each overridden dim by one of its names {list(names or ())} or its index",
-            field="backend_override",
-            value=backend_override,
-        ) from torch_error
-    return tuple(g if isinstance(g, _Given) else None for g in per_dim)
-
-
-def _backend_configs(given: Sequence[_Given | None]) -> tuple[BackendConfig, ...]:
-    """Each dim's override (from :func:`_normalize_overrides`) as torch's ``(backend, options)``
-    pair, checked in dim order, the order in which torch creates the groups and fails on the first
-    bad one."""
-    out = []
-    for g in given:
-        if g is None:
-            out.append(_NO_OVERRIDE)
-        else:
-            key = g.key if isinstance(g.key, str) else as_int(g.key, "backend_override")
-            out.append(_backend_config(g.value, f"backend_override[{key!r}]"))
-    return tuple(out)
-
-
 class FastDeviceMesh(DeviceMesh):
     """A ``torch.distributed.device_mesh.DeviceMesh`` whose derivations cost O(group size + ndim).
 
@@ -436,7 +292,7 @@ class FastDeviceMesh(DeviceMesh):
         builder._check_layout(layout)
         fake_idx = _fake_dim_indices(layout, fake_dims)
         names = tuple(layout.names)
-        if not compat.fast_meshes_available():
+        if not _mesh_check.fast_meshes_available():
             # An unknown torch: torch's own DeviceMesh over the same process groups (O(W) per
             # mesh). Always the n-D form of from_group, also for one dim: the 1-D form re-reads
             # the group's ranks (O(W) in Python for a world-sized group) and rejects a mesh that
@@ -450,7 +306,7 @@ class FastDeviceMesh(DeviceMesh):
         world = _world_of(builder)
         tl = _torch_layout(layout)
         root = cls._make(world, layout, tl, builder.device_type, names, [], None)
-        overrides = [(FAKE, None) if i in fake_idx else _NO_OVERRIDE for i in range(layout.ndim)]
+        overrides = [(FAKE, None) if i in fake_idx else NO_OVERRIDE for i in range(layout.ndim)]
         root.__dict__["_dim_group_names"] = root._groups_for(layout, range(layout.ndim), overrides)
         return root
 
@@ -679,9 +535,9 @@ class FastDeviceMesh(DeviceMesh):
         own = self._mesh_dim_names
         names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else mesh_dim_names
         if not isinstance(names, tuple):
-            _names_tuple(names, "mesh_dim_names")  # torch takes any iterable of str names
+            names_tuple(names, "mesh_dim_names")  # torch takes any iterable of str names
         elif any(not isinstance(n, str) for n in names):
-            _names_tuple(names, "mesh_dim_names")
+            names_tuple(names, "mesh_dim_names")
         if own and isinstance(names, tuple):
             if names == own:
                 return self
@@ -717,7 +573,7 @@ class FastDeviceMesh(DeviceMesh):
             self._rm_world, rm_layout, layout, self._device_type, tuple(submesh_dim_names), group_names, root
         )
 
-    def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = _NO_OVERRIDE) -> None:
+    def _create_flatten_mesh(self, mesh_dim_name: str, backend_override: BackendConfig = NO_OVERRIDE) -> None:
         # torch's _flatten (inlined by torch.compile, so not overridden) passes its arguments here
         # unchecked: a name that is not a str, an override that is no backend. Its checks run in
         # torch's order: the name (taken by the root, or flattened before with another layout),
@@ -727,8 +583,8 @@ class FastDeviceMesh(DeviceMesh):
         taken = tuple(root._mesh_dim_names or ())
         if mesh_dim_name in taken:
             raise DuplicateNameError(
-                _torch_first(
-                    compat.torch_rejects("_create_flatten_mesh", self, mesh_dim_name, _NO_OVERRIDE),
+                torch_first(
+                    torch_rejects("_create_flatten_mesh", self, mesh_dim_name, NO_OVERRIDE),
                     f"{mesh_dim_name} already exists for submesh of the {root}",
                     f"the root mesh's dims are {taken}; pass another mesh_dim_name for the flattened dim",
                 ),
@@ -745,8 +601,8 @@ class FastDeviceMesh(DeviceMesh):
             if existing._layout == tl:
                 return  # torch's answer too, whatever the backend_override
             raise DuplicateNameError(
-                _torch_first(
-                    compat.torch_rejects("_create_flatten_mesh", self, mesh_dim_name, _NO_OVERRIDE),
+                torch_first(
+                    torch_rejects("_create_flatten_mesh", self, mesh_dim_name, NO_OVERRIDE),
                     f"Flatten mesh with mesh_dim_name {mesh_dim_name} has been created before",
                     f"{mesh_dim_name!r} already names a flattening of other dims; pass another mesh_dim_name, or "
                     "flatten the same dims to get that mesh again",
@@ -754,7 +610,7 @@ class FastDeviceMesh(DeviceMesh):
                 field="mesh_dim_name",
                 value=mesh_dim_name,
             )
-        backend_override = _backend_config(backend_override, "backend_override")
+        backend_override = backend_config(backend_override, "backend_override")
         group_names = self._groups_for(rm_layout, [0], [backend_override])
         flattened = FastDeviceMesh._make(
             self._rm_world, rm_layout, tl, root._device_type, (mesh_dim_name,), group_names, root
@@ -768,7 +624,7 @@ class FastDeviceMesh(DeviceMesh):
         mesh_dim_names: tuple[str, ...],
         backend_override: dict[str, Any] | None = None,
     ) -> DeviceMesh:
-        # torch's checks, in torch's order and with torch's text first (compat.torch_rejects runs
+        # torch's checks, in torch's order and with torch's text first (torch_rejects runs
         # torch's own _unflatten with the arguments of one check, the others neutral): the dim,
         # the number of names, the override keys, the sizes' product, the override values.
         # rankmesh's own checks (types, a negative dim, repeated names) come where torch would
@@ -784,8 +640,8 @@ class FastDeviceMesh(DeviceMesh):
             if dim not in own:
                 check_str(dim, "dim")  # a name that is not UTF-8 text is the wrong type, not unknown
                 raise UnknownNameError(
-                    _torch_first(
-                        compat.torch_rejects("_unflatten", self, dim, (), ()),
+                    torch_first(
+                        torch_rejects("_unflatten", self, dim, (), ()),
                         f"dim {dim!r} specified in `_unflatten` is not in {own}",
                         "pass one of those names or an index",
                     ),
@@ -798,8 +654,8 @@ class FastDeviceMesh(DeviceMesh):
             dim = as_int(dim, "dim")
             if not 0 <= dim < self.ndim:
                 raise DimOutOfRangeError(
-                    _torch_first(
-                        compat.torch_rejects("_unflatten", self, dim_arg, (), ()),
+                    torch_first(
+                        torch_rejects("_unflatten", self, dim_arg, (), ()),
                         f"dim {dim!r} specified in `_unflatten` is out of range {self.ndim}",
                         f"valid dims are 0..{self.ndim - 1} or the names {own}",
                     ),
@@ -810,28 +666,28 @@ class FastDeviceMesh(DeviceMesh):
         names = as_sequence(mesh_dim_names, "mesh_dim_names", "names", noun="a tuple")
         if len(sizes) != len(names):
             raise SizeMismatchError(
-                _torch_first(
-                    compat.torch_rejects("_unflatten", self, dim, sizes, names),
+                torch_first(
+                    torch_rejects("_unflatten", self, dim, sizes, names),
                     "mesh_dim_names must have same length as mesh_sizes in _unflatten",
                     f"got {len(names)} names {names} for {len(sizes)} sizes {sizes}",
                 ),
                 field="mesh_dim_names",
                 value=names,
             )
-        sizes = _sizes_tuple(sizes, "mesh_sizes")
-        names = _names_tuple(names, "mesh_dim_names")
-        given = _normalize_overrides(backend_override, len(sizes), names)
+        sizes = sizes_tuple(sizes, "mesh_sizes")
+        names = names_tuple(names, "mesh_dim_names")
+        given = normalize_overrides(backend_override, len(sizes), names)
         self._check_unflatten_sizes(dim, sizes, names)
-        return self._create_unflatten_mesh(dim, sizes, names, _backend_configs(given))
+        return self._create_unflatten_mesh(dim, sizes, names, backend_configs(given))
 
     def _check_unflatten_sizes(self, dim: int, mesh_sizes: tuple[int, ...], mesh_dim_names: tuple[str, ...]) -> None:
         size = self._layout[dim].numel()
         prod = int(np.prod(mesh_sizes, dtype=object))
         if prod != size:
-            neutral = (_NO_OVERRIDE,) * len(mesh_sizes)
+            neutral = (NO_OVERRIDE,) * len(mesh_sizes)
             raise SizeMismatchError(
-                _torch_first(
-                    compat.torch_rejects("_create_unflatten_mesh", self, dim, mesh_sizes, mesh_dim_names, neutral),
+                torch_first(
+                    torch_rejects("_create_unflatten_mesh", self, dim, mesh_sizes, mesh_dim_names, neutral),
                     f"The product of mesh_sizes={tuple(mesh_sizes)} is {prod}, but the original dimension at "
                     f"dim={dim} has size {size}. These must be equal for unflatten to work correctly",
                     f"pick mesh_sizes that multiply to {size}",
@@ -845,7 +701,7 @@ class FastDeviceMesh(DeviceMesh):
         dim: int,
         mesh_sizes: tuple[int, ...],
         mesh_dim_names: tuple[str, ...],
-        backend_override: tuple[BackendConfig, ...] = (_NO_OVERRIDE,),
+        backend_override: tuple[BackendConfig, ...] = (NO_OVERRIDE,),
     ) -> FastDeviceMesh:
         self._check_unflatten_sizes(dim, mesh_sizes, mesh_dim_names)
         # rankmesh's algebra first: it names the field at fault (e.g. a name that exists already).
@@ -920,7 +776,7 @@ def _patched_concatenate(torch_concatenate: Any) -> Any:
 
 
 def _fast_meshes_on(_original: Any) -> str | None:
-    return None if compat.fast_meshes_available() else "rankmesh's fast meshes are off on this torch"
+    return None if _mesh_check.fast_meshes_available() else "rankmesh's fast meshes are off on this torch"
 
 
 #: The one patch of torch's own class (listed in :mod:`rankmesh.patches`): ``DeviceMesh._concatenate``
@@ -935,7 +791,7 @@ CONCATENATE = Patch(
     why="FSDP2 joins its dp mesh and each parameter's mesh with it; torch's builds a W-long rank map per call, "
     "rankmesh's is O(ndim) when every input is a rankmesh mesh of one world (torch's own otherwise)",
     detail="(a staticmethod(device_mesh_list), by body)",
-    gate=compat.CONCATENATE_CODE,
+    gate=_mesh_check.CONCATENATE_CODE,
     check=_fast_meshes_on,
     wrap=staticmethod,
 )
@@ -1071,72 +927,16 @@ def init_device_mesh(
         ([[0, 1], [2, 3]], None)
         >>> dist.destroy_process_group()
     """
-    shape, names, overrides = _init_arguments(device_type, mesh_shape, mesh_dim_names, backend_override)
+    shape, names, overrides = init_arguments(device_type, mesh_shape, mesh_dim_names, backend_override)
     size_one_fake = as_bool(size_one_fake, "size_one_fake")
     if not dist.is_initialized():
         dist.init_process_group()
     world_layout = _init_world(device_type, shape, names, overrides, rank_map, ranks)
     if isinstance(world_layout, DeviceMesh):  # ranks that are no layout: torch's own mesh
         return world_layout
-    if not compat.fast_meshes_available() or _symbolic_rank():
+    if not _mesh_check.fast_meshes_available() or _symbolic_rank():
         return _torch_init(device_type, shape, names, backend_override, overrides, world_layout)
     return _build_root(device_type, shape, names, overrides, world_layout, size_one_fake)
-
-
-def _init_arguments(
-    device_type: Any, mesh_shape: Any, mesh_dim_names: Any, backend_override: Any
-) -> tuple[tuple[int, ...], tuple[str, ...] | None, Any]:
-    """:func:`init_device_mesh`'s arguments checked in torch's order, with torch's messages
-    where torch refuses them too: ``(shape, names, overrides)``."""
-    shape = _sizes_tuple(mesh_shape, "mesh_shape")
-    if not shape:
-        raise SizeMismatchError("mesh_shape must have at least one dim", field="mesh_shape", value=mesh_shape)
-    names = None
-    if mesh_dim_names is not None:
-        try:
-            names = _names_tuple(mesh_dim_names, "mesh_dim_names")
-        except DuplicateNameError:
-            given = tuple(mesh_dim_names)
-            twice = next(n for n in given if given.count(n) > 1)
-            raise DuplicateNameError(
-                _torch_first(
-                    compat.torch_init_rejects("cpu", shape, given),
-                    f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name {twice!r} in mesh_dim_names "
-                    f"{given}",
-                    "rename one of them",
-                ),
-                field="mesh_dim_names",
-                value=given,
-            ) from None
-    if names is not None and len(names) != len(shape):
-        raise SizeMismatchError(
-            _torch_first(
-                compat.torch_init_rejects("cpu", shape, names),
-                "mesh_shape and mesh_dim_names should have same length! Found "
-                f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)}",
-                "give one name per dim",
-            ),
-            field="mesh_dim_names",
-            value=names,
-        )
-    given = _normalize_overrides(backend_override, len(shape), names)  # torch: the keys before the device
-    if not isinstance(device_type, str):
-        raise ArgumentTypeError(
-            f"device_type must be a str such as 'cuda' or 'cpu', got {type_name(device_type)} {device_type!r}",
-            field="device_type",
-            value=device_type,
-        )
-    if device_type and not device_type.isalpha():
-        raise MeshArgumentError(
-            _torch_first(
-                compat.torch_init_rejects(device_type, shape, names),
-                f"Device type with index is not supported but got {device_type!r}",
-                "pass the type only, e.g. 'cuda' (torch.device(...).type)",
-            ),
-            field="device_type",
-            value=device_type,
-        )
-    return shape, names, _backend_configs(given)  # torch: the backends when it creates the groups
 
 
 def _init_world(
@@ -1259,7 +1059,7 @@ def from_group(
     """
     if mesh is not None:
         return DeviceMesh.from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
-    single, groups, names = _from_group_arguments(group, device_type, mesh_dim_names)
+    single, groups, names = from_group_arguments(group, device_type, mesh_dim_names)
     require_default_group("DeviceMesh from_group")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     origin, modes, shape = rank, [], []
@@ -1288,7 +1088,7 @@ def from_group(
         ) from e
     rm_names = names if names is not None else ("dim_0",)
     rm_layout = world_layout.unflatten(0, tuple(shape), rm_names)
-    if not compat.fast_meshes_available():
+    if not _mesh_check.fast_meshes_available():
         full = torch.from_numpy(world_layout.rank_map()).reshape(shape)
         return DeviceMesh.from_group(group, device_type, full, mesh_dim_names=mesh_dim_names)
     builder = MeshBuilder(MeshLayout.world(world_size), device_type=device_type)
@@ -1306,39 +1106,6 @@ def _torch_from_group(group: Any, device_type: str, mesh_dim_names: Any) -> Devi
         "builds torch's own DeviceMesh.from_group",
     )
     return DeviceMesh.from_group(group, device_type, mesh_dim_names=mesh_dim_names)
-
-
-def _from_group_arguments(
-    group: Any, device_type: Any, mesh_dim_names: Any
-) -> tuple[bool, list[Any], tuple[str, ...] | None]:
-    """:func:`from_group`'s arguments checked: ``(one group given, the groups, the names)``."""
-    check_str(device_type, "device_type")
-    if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:  # new_group's answer on a non-member
-        rank = dist.get_rank() if dist.is_initialized() else "?"
-        raise DistributedStateError(
-            f"group is GroupMember.NON_GROUP_MEMBER ({group}): this rank ({rank}) is not a member of that group; "
-            "call from_group only on the group's member ranks, or pass, on each rank, the groups it belongs to",
-            field="group",
-            value=group,
-        )
-    single = isinstance(group, dist.ProcessGroup)
-    groups = [group] if single else list(as_sequence(group, "group", "process groups"))
-    if not groups:
-        raise MeshArgumentError("Expects at least one ProcessGroup to be passed", field="group", value=group)
-    names = _names_tuple(mesh_dim_names, "mesh_dim_names") if mesh_dim_names is not None else None
-    if not single and names is None:
-        raise MeshArgumentError(
-            "Must pass mesh_dim_names if passing multiple ProcessGroups: one name per group",
-            field="mesh_dim_names",
-            value=None,
-        )
-    if names is not None and len(names) != len(groups):
-        raise SizeMismatchError(
-            f"mesh_dim_names {names} has {len(names)} names for {len(groups)} ProcessGroups; give one name per group",
-            field="mesh_dim_names",
-            value=names,
-        )
-    return single, groups, names
 
 
 def _group_place(i: int, pg: Any, rank: int, world_size: int) -> Slice | None:

@@ -74,11 +74,11 @@ def gates() -> dict[str, Gate]:
     """Every :class:`~rankmesh._patch.Gate` rankmesh asks before it runs, by a name for people: each
     patch's, the fast process-group paths' (``fast_groups new_group``, ``fast_groups split_group``)
     and the mesh self-check's ``DeviceMesh._concatenate`` (``fast_meshes``)."""
-    from rankmesh import _fast_groups_check, _torch_compat
+    from rankmesh import _fast_groups_check, _mesh_check
 
     out = {f"patch {n}": p.gate for n, p in REGISTRY.items()}
     out.update({f"fast_groups {n}": g for n, g in _fast_groups_check.GATES.items()})
-    out["fast_meshes"] = _torch_compat.CONCATENATE_CODE
+    out["fast_meshes"] = _mesh_check.CONCATENATE_CODE
     return out
 
 
