@@ -45,8 +45,9 @@ def fake_group_splits(pg: Any) -> bool:
     split then finds no backend to split ("No backend for the parent process group or its backend
     does not support splitting"), so tests of the split path skip on both."""
     import torch
+    from rankmesh._torch_compat import TORCH_VERSION
 
-    if torch.torch_version.TorchVersion(torch.__version__) < (2, 15):
+    if TORCH_VERSION < (2, 15):
         return False
     return bool(getattr(pg._get_backend(torch.device("cpu")), "supports_splitting", False))
 

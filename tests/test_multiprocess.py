@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("torch")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from rankmesh._torch_compat import TORCH_VERSION  # noqa: E402
 
 from tests.mp import rankmesh_mp as mp  # noqa: E402
 
@@ -101,7 +102,7 @@ def two_nodes(tmp_path_factory):
 # The split_group path on real groups: gloo bound to the CPU (``device_id=cpu:0``) splits on
 # torch 2.15; torch 2.13's split_group needs an accelerator.
 needs_gloo_split = pytest.mark.skipif(
-    tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 15),
+    TORCH_VERSION < (2, 15),
     reason=f"gloo's split_group on a CPU-bound default group needs torch 2.15 (this is {torch.__version__})",
 )
 

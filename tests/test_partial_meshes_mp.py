@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from rankmesh._torch_compat import TORCH_VERSION  # noqa: E402
 
 from tests.mp import rankmesh_mp as mp  # noqa: E402
 
@@ -37,7 +38,7 @@ def new_group_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def split_path(tmp_path_factory):
-    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 15):
+    if TORCH_VERSION < (2, 15):
         pytest.skip(f"gloo's split_group on a CPU-bound default group needs torch 2.15 (this is {torch.__version__})")
     return _launch(tmp_path_factory.mktemp("partial_split"), "cpu-bound")
 

@@ -175,3 +175,16 @@ def test_the_hashes_command_prints_the_table_entries_of_what_is_installed():
     assert checked >= 9
     bad = subprocess.run([sys.executable, "-m", "rankmesh.patches"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "usage: python -m rankmesh.patches hashes" in bad.stderr
+
+
+def test_the_readme_table_renders_each_patchs_releases_from_the_table():
+    """The README's "recognises" column is each patch's ``versions``, rendered from its gate: a new
+    release pasted into the table and not into the README fails here."""
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    if not readme.is_file():
+        pytest.skip("no README (an sdist)")
+    rows = {line.split(" | ")[0][3:-1]: line for line in readme.read_text().splitlines() if line.startswith("| `")}
+    for name, p in patches.REGISTRY.items():
+        assert rows[name].endswith(f" | {p.versions} |"), (name, p.versions)

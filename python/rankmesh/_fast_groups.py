@@ -35,7 +35,7 @@ same way by :func:`split_member_group`: torch's ``split_group(split_ranks=[my_gr
 its per-member Python inverting the parent's rank table (O(W) for the default group), checking
 and searching the ranks, hashing the joined ranks, and building two lists and two dicts of the
 group. rankmesh reproduces the body of the one ``split_group`` it has read (torch 2.15's, by
-release and body hash: ``_fast_groups_check.KNOWN_BODIES``), calling the backend's own
+release and body hash: ``_fast_groups_check.GATES``), calling the backend's own
 ``ProcessGroup.split_group`` with torch's hashed name and registering the child with torch's own
 ``HealthCheckHook``, ``_maybe_attach_flight_recorder`` and ``_register_pg_in_world``. Its start-up
 probe splits a one-rank ``fake`` parent both ways (local: no collective, no store keys) and

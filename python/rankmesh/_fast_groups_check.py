@@ -110,14 +110,13 @@ def _names_reason() -> str | None:
 _PROBED_TORCH = ("new_group", "split_group", "get_rank", "destroy_process_group", "_new_group_with_tag")
 _PROBED_OURS = (
     "salt",
+    "_probe",
     "_probe_reason",
     "_split_probe_reason",
     "_differs_from_torchs",
     "_entries",
-    "_entries_differing",
     "_registry",
     "_writes",
-    "_writes_differing",
 )
 
 
@@ -176,61 +175,35 @@ def _entries(pg: dist.ProcessGroup) -> dict[str, Any]:
 
 
 def _entries_differing(theirs: dist.ProcessGroup, ours: dist.ProcessGroup) -> list[str]:
-    """The registry entries (:func:`_entries`) in which rankmesh's group differs from torch's."""
     a, b = _entries(theirs), _entries(ours)
     return sorted(k for k in a if a[k] != b.get(k))
 
 
-# -- every table a group creation may write -----------------------------------------------------
-
-
 def _registry() -> dict[str, Any]:
-    """Every table of c10d's registry, copied one level deep: each attribute of ``_world`` and
-    each dict, list, set or int global of ``distributed_c10d`` (``_world``'s properties answer
-    these globals, or views computed afresh from them such as ``pg_config_info``, which would
-    list the default group's W ranks on every read). Nothing is picked by hand: a table a new
-    torch adds is in it."""
+    """Every table of c10d's registry, copied one level deep (the lists and sets in a dict too:
+    torch appends to ``tags_to_pg``'s in place): each attribute of ``_world`` and each dict, list,
+    set or int global of ``distributed_c10d``. Nothing is picked by hand: a table a new torch adds
+    is in it (``_world``'s properties are views of these globals, some W long: not read)."""
     out: dict[str, Any] = {}
     for prefix, space in (("_world.", vars(c10d._world)), ("c10d.", vars(c10d))):
         for n, v in space.items():
-            if _is_table(v) and not n.startswith("__"):
-                out[prefix + n] = _copy(v)
+            t = type(v)  # not isinstance(): a deprecated c10d global warns when its __class__ is read
+            if n.startswith("__") or t is bool or not issubclass(t, (dict, list, set, int)):
+                continue
+            if isinstance(v, dict):
+                v = {k: (type(x)(x) if isinstance(x, (list, set)) else x) for k, x in v.items()}
+            out[prefix + n] = type(v)(v) if isinstance(v, (list, set)) else v
     return out
 
 
-def _is_table(v: Any) -> bool:
-    t = type(v)  # type(), not isinstance(): a deprecated c10d global warns when its __class__ is read
-    if t in _TABLE_TYPES:
-        return True
-    if t in _NOT_TABLES:
-        return False
-    if t is not bool and issubclass(t, _TABLE_TYPES):
-        return True
-    _NOT_TABLES.add(t)
-    return False
-
-
-_NOT_TABLES: set[type] = set()  # types seen that hold no table (functions, classes, modules, ...)
-_TABLE_TYPES = (dict, list, set, int)
-
-
-def _copy(v: Any) -> Any:
-    """A table copied so that a later write shows: a dict's own entries, and the lists and sets
-    in it (torch appends to ``tags_to_pg``'s lists in place). Dicts in a dict are kept as they are:
-    a group's rank table is written whole, and the default group's is W entries long."""
-    if isinstance(v, dict):
-        return {k: (type(x)(x) if isinstance(x, (list, set)) else x) for k, x in v.items()}
-    return type(v)(v) if isinstance(v, (list, set)) else v
-
-
 def _normal(x: Any, pg: Any, name: str) -> Any:
-    """``x`` with the new group and its name replaced by placeholders and other objects by their
-    type, so that torch's and rankmesh's writes compare equal when they are the same writes."""
+    """``x`` with the new group and its name as placeholders and other objects as their type, so
+    that torch's and rankmesh's writes compare equal when they are the same writes."""
     if x is pg:
         return "<group>"
     if isinstance(x, str):
         return x.replace(name, "<name>") if name else x
-    if isinstance(x, (bool, int, float)) or x is None:
+    if isinstance(x, (bool, int, float, datetime.timedelta)) or x is None:
         return x
     if isinstance(x, (list, tuple)):
         return type(x)(_normal(y, pg, name) for y in x)
@@ -238,31 +211,28 @@ def _normal(x: Any, pg: Any, name: str) -> Any:
         return sorted(repr(_normal(y, pg, name)) for y in x)
     if isinstance(x, dict):
         return sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in x.items())
-    if isinstance(x, datetime.timedelta):
-        return x
     return type(x).__name__
 
 
 def _writes(before: dict[str, Any], pg: Any, after: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What making ``pg`` wrote into the registry between ``before`` and ``after`` (now, by
-    default; both :func:`_registry`): per table, the entries added or replaced, the items
-    appended, or how far a counter moved."""
+    """What making ``pg`` wrote into the registry between ``before`` and ``after`` (now, by default;
+    both :func:`_registry`): per table, the entries added, replaced or removed, the items appended,
+    or how far a counter moved."""
     name = c10d._world.pg_names.get(pg, "")
     after = _registry() if after is None else after
     out: dict[str, Any] = {}
     for table in sorted(before.keys() | after.keys()):
         a, b = before.get(table), after.get(table)
         if isinstance(a, dict) and isinstance(b, dict):
-            changed = []
+            changed = [(k, "<removed>") for k in a if k not in b]
             for k, v in b.items():
                 if k not in a:
                     changed.append((k, v))
                 elif isinstance(v, list) and isinstance(a[k], list) and v[: len(a[k])] == a[k]:
                     if len(v) > len(a[k]):
                         changed.append((k, ("<appended>", *v[len(a[k]) :])))
-                elif a[k] is not v and not _same(a[k], v):  # lists and sets: copies, compared
+                elif a[k] is not v and not _same(a[k], v):
                     changed.append((k, v))
-            changed += [(k, "<removed>") for k in a if k not in b]
             if changed:
                 out[table] = sorted((repr(_normal(k, pg, name)), repr(_normal(v, pg, name))) for k, v in changed)
         elif isinstance(a, (list, set)) and isinstance(b, (list, set)):
@@ -285,60 +255,108 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _writes_differing(theirs: dict[str, Any], ours: dict[str, Any]) -> list[str]:
-    """The registry tables torch's call and rankmesh's wrote differently (:func:`_writes`)."""
     return sorted(t for t in theirs.keys() | ours.keys() if theirs.get(t) != ours.get(t))
 
 
-def _differs_from_torchs(
-    theirs: dist.ProcessGroup,
-    ours: dist.ProcessGroup,
-    torch_step: int,
-    torch_writes: dict[str, Any],
-    count: int,
-    before: Any,
-    probe: str,
-    where: str,
-) -> str | None:
-    """How rankmesh's probe group ``ours`` (made after ``count`` groups, over the registry
-    ``before``) differs from torch's ``theirs`` (which moved the counter by ``torch_step`` and
-    wrote ``torch_writes``), or None: the comparison both probes make."""
-    if c10d._world.group_count - count != torch_step:
+def _differs_from_torchs(what: str, where: str, theirs: Callable[[], Any], ours: Callable[[], Any]) -> str | None:
+    """Make ``what`` torch's way (``theirs()``), then rankmesh's (``ours()``): how rankmesh's group,
+    its counter step and its registry writes differ from torch's, or None."""
+    w = c10d._world
+    count, before = w.group_count, _registry()
+    their_pg = theirs()
+    if not isinstance(their_pg, dist.ProcessGroup):
+        return f"torch's call for {what} gave no group"
+    between = _registry()
+    step, writes = w.group_count - count, _writes(before, their_pg, between)
+    count = w.group_count
+    our_pg = ours()
+    if our_pg is None:
+        return f"rankmesh's call for {what} gave no group"
+    if w.group_count - count != step:
         return f"torch's group counter moves differently{where}"
-    diff = _entries_differing(theirs, ours) + _writes_differing(torch_writes, _writes(before, ours))
-    return f"{probe}'s registry entries differ from torch's: {diff}" if diff else None
+    diff = _entries_differing(their_pg, our_pg) + _writes_differing(writes, _writes(between, our_pg))
+    return f"{what}'s registry entries differ from torch's: {diff}" if diff else None
+
+
+def _probe(
+    what: str, where: str, theirs: Callable[..., Any], ours: Callable[..., Any], parent: bool = False
+) -> str | None:
+    """:func:`_differs_from_torchs` on one-rank ``fake`` groups, each maker called with the list of
+    groups made (and, with ``parent``, a one-rank ``fake`` group made first to split). It leaves no
+    trace: every group made is destroyed and the counter wound back, so the next group gets the
+    name torch's own call would give it; local to this rank (the fake backend talks to no one, uses
+    no store), it cannot hang or collide with a real group."""
+    register_fake_backend()
+    made: list[Any] = []
+    start = c10d._world.group_count
+    try:
+        if parent:
+            me = dist.get_rank()
+            made.append(
+                dist.new_group([me], backend="fake", use_local_synchronization=True, group_desc="rankmesh_probe")
+            )
+        return _differs_from_torchs(what, where, lambda: theirs(made), lambda: ours(made))
+    except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
+        return f"{what} failed: {type(e).__name__}: {e}"
+    finally:
+        for pg in reversed(made):
+            dist.destroy_process_group(pg)
+        c10d._world.group_count = start
+
+
+def _keep(made: list, pg: Any) -> Any:
+    if pg is not None:
+        made.append(pg)
+    return pg
 
 
 def _probe_reason(backend: str, create: Callable[..., Any]) -> str | None:
-    """Make a one-rank probe group both ways (torch's ``new_group``; ``create``, rankmesh's
-    ``_create(ranks, ranks_list, backend, pg_options, timeout, group_desc)``) and compare every
-    registry entry."""
-    register_fake_backend()
-
+    """A one-rank group made by torch's ``new_group`` and by rankmesh's ``create(ranks, ranks_list,
+    backend, pg_options, timeout, group_desc)``, compared."""
     me = dist.get_rank()
     ranks = np.asarray([me], dtype=np.int32)
-    w = c10d._world
-    made = []
-    start = w.group_count
-    try:
-        want_name = hashed_group_name(ranks, salt())
-        count, before = w.group_count, _registry()
-        theirs = dist.new_group([me], backend=backend, use_local_synchronization=True, group_desc="rankmesh_probe")
-        made.append(theirs)
-        between = _registry()  # after torch's call, before rankmesh's
-        torch_step, torch_writes = w.group_count - count, _writes(before, theirs, between)
-        if w.pg_names[theirs] != want_name:
-            return "rankmesh's name for torch's probe group differs from torch's"
-        count, before = w.group_count, between
-        ours = create(ranks, [me], backend, None, None, "rankmesh_probe")
-        made.append(ours)
-        return _differs_from_torchs(theirs, ours, torch_step, torch_writes, count, before, "the probe group", "")
-    except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
-        return f"the probe group failed: {type(e).__name__}: {e}"
-    finally:
-        for pg in made:
-            dist.destroy_process_group(pg)
-        # The probe leaves no trace: the next group gets the name torch's own call would give it.
-        w.group_count = start
+
+    def theirs(made: list) -> Any:
+        want = hashed_group_name(ranks, salt())
+        pg = _keep(
+            made, dist.new_group([me], backend=backend, use_local_synchronization=True, group_desc="rankmesh_probe")
+        )
+        if c10d._world.pg_names[pg] != want:
+            raise ValueError("rankmesh's name for torch's probe group differs from torch's")
+        return pg
+
+    return _probe(
+        "the probe group",
+        "",
+        theirs,
+        lambda made: _keep(made, create(ranks, [me], backend, None, None, "rankmesh_probe")),
+    )
+
+
+def _split_probe_reason(split: Callable[..., Any]) -> str | None:
+    """A one-rank ``fake`` parent split by torch's ``split_group`` and by rankmesh's ``split(parent,
+    ranks, ranks_list, global_ranks, timeout, pg_options, group_desc)``, compared."""
+    me = dist.get_rank()
+
+    def theirs(made: list) -> Any:
+        return _keep(made, dist.split_group(parent_pg=made[0], split_ranks=[[0]], group_desc="rankmesh_probe_split"))
+
+    def ours(made: list) -> Any:
+        return _keep(made, split(made[0], np.zeros(1, dtype=np.int32), [0], [me], None, None, "rankmesh_probe_split"))
+
+    return _probe("the split probe group", " in split_group", theirs, ours, parent=True)
+
+
+def register_fake_backend() -> Any:
+    """Registers torch's ``fake`` backend with c10d: importing its module does it (idempotent, ~0.3 ms
+    the first time). The one place rankmesh does; the probes need it first."""
+    import torch.testing._internal.distributed.fake_pg as fake_pg
+
+    return fake_pg
+
+
+def _warn_once(message: str) -> None:
+    warn_once(("fast_groups", message), f"rankmesh: {message} (correct, but O(members) Python per group)", stacklevel=5)
 
 
 def new_group_ok(backend: str, create: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
@@ -359,64 +377,12 @@ def new_group_ok(backend: str, create: Callable[..., Any], makers: tuple[Any, ..
     return _state[key]
 
 
-def _warn_once(message: str) -> None:
-    warn_once(("fast_groups", message), f"rankmesh: {message} (correct, but O(members) Python per group)", stacklevel=5)
-
-
 _SPLIT_FUNCTIONS = ("_register_pg_in_world", "_maybe_attach_flight_recorder", "HealthCheckHook", "BackendConfig")
 _split_state: dict[int, bool] = {}  # id(default group) -> fast split usable
 
-
 #: Which torch release's ``split_group`` ``rankmesh._fast_groups.split_member_group`` reproduces
-#: here, or None (its body is checked once, by :func:`split_ok`).
+#: here (the table's ``split_group`` fact), or None.
 SPLIT_SHAPE: str | None = GATES["split_group"].release()
-
-
-def register_fake_backend() -> Any:
-    """Registers torch's ``fake`` backend with c10d: importing its module does it (idempotent,
-    ~0.3 ms the first time), which is returned (its ``FakeStore``). The one place rankmesh does;
-    the probes need it first."""
-    import torch.testing._internal.distributed.fake_pg as fake_pg
-
-    return fake_pg
-
-
-def _split_probe_reason(split: Callable[..., Any]) -> str | None:
-    """Split a one-rank ``fake`` parent both ways (torch's ``split_group``; ``split``, rankmesh's
-    ``_split(parent, ranks, ranks_list, global_ranks, timeout, pg_options, group_desc)``) and
-    compare every registry entry. Local to this rank (the fake backend talks to no one, uses no
-    store), so it cannot hang or collide with a real group; the probe leaves no group behind and
-    winds the counter back."""
-    register_fake_backend()
-
-    me = dist.get_rank()
-    w = c10d._world
-    made: list[Any] = []
-    start = w.group_count
-    try:
-        parent = dist.new_group([me], backend="fake", use_local_synchronization=True, group_desc="rankmesh_probe")
-        made.append(parent)
-        count, before = w.group_count, _registry()
-        theirs = dist.split_group(parent_pg=parent, split_ranks=[[0]], group_desc="rankmesh_probe_split")
-        if not isinstance(theirs, dist.ProcessGroup):
-            return "torch's split_group of the probe gave no group"
-        made.append(theirs)
-        between = _registry()  # after torch's call, before rankmesh's
-        torch_step, torch_writes = w.group_count - count, _writes(before, theirs, between)
-        count, before = w.group_count, between
-        ours = split(parent, np.zeros(1, dtype=np.int32), [0], [me], None, None, "rankmesh_probe_split")
-        if ours is None:
-            return "rankmesh's split of the probe gave no group"
-        made.append(ours)
-        return _differs_from_torchs(
-            theirs, ours, torch_step, torch_writes, count, before, "the split probe group", " in split_group"
-        )
-    except Exception as e:  # noqa: BLE001 - any surprise means: use torch's own calls
-        return f"the split probe failed: {type(e).__name__}: {e}"
-    finally:
-        for pg in reversed(made):
-            dist.destroy_process_group(pg)
-        w.group_count = start
 
 
 def split_ok(split: Callable[..., Any], makers: tuple[Any, ...]) -> bool:

@@ -111,7 +111,7 @@ def _self_check() -> str | None:
     key = _algebra_key()
     if key is None:
         return _algebra_reason()
-    return _verdicts.verdict("torch_compat algebra", key, _algebra_reason)
+    return _verdicts.verdict("mesh_check algebra", key, _algebra_reason)
 
 
 def _code_names(fn: object) -> tuple[str, ...]:

@@ -1,11 +1,10 @@
-"""The one question rankmesh asks before it runs on a dependency's code, and the :class:`Patch`
-object every patch is (a leaf above ``_once``, ``_known``, ``_dependencies`` and ``_verdicts``).
+"""The one question rankmesh asks before it runs on a dependency's code (:class:`Gate`), and the
+:class:`Patch` every patch is. A leaf above ``_once``, ``_known``, ``_dependencies``, ``_verdicts``.
 
-A :class:`Gate` names the functions a patch or a fast path reproduces or relies on; their body
-hashes per release are the dependency's table (:data:`rankmesh._known.TABLES`). One verb,
-:meth:`Gate.recognise`, answers None or why not, memoised per process; the bodies are hashed once
-per install (:mod:`rankmesh._verdicts`). Each :class:`Patch` carries its gate; the fast paths and
-the mesh self-check hold theirs (``rankmesh.patches.gates()`` lists all).
+A gate names the functions a patch or fast path reproduces or relies on; their body hashes per
+release are the dependency's table (:data:`rankmesh._known.TABLES`). :meth:`Gate.recognise`
+answers None or why not, memoised per process, the bodies hashed once per install
+(:mod:`rankmesh._verdicts`). ``rankmesh.patches.gates()`` lists every gate.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ _lock = threading.RLock()
 
 
 def source_hash(fn: Any) -> str:
-    """The first 16 hex digits of the SHA-256 of ``fn``'s source, blank lines and surrounding
-    whitespace dropped: a release that changes the body changes the hash, whatever its version
-    says. Read straight from the file, no tokenizing (:func:`code_lines`)."""
+    """The first 16 hex digits of the SHA-256 of ``fn``'s source (:func:`code_lines`), blank lines
+    and surrounding whitespace dropped: a release that changes the body changes the hash."""
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -45,9 +43,9 @@ def source_hash(fn: Any) -> str:
 
 
 def code_lines(code: Any, lines: list[str]) -> list[str]:
-    """The lines of the function ``code`` out of its file's ``lines``: its first line (decorator)
-    through its last statement, followed while lines are indented deeper than the ``def`` or close a
-    bracket (so where a CPython puts the last instruction does not matter)."""
+    """The lines of the function ``code`` in its file's ``lines``: its first (decorator) through
+    its last statement, followed while lines are indented deeper than the ``def`` or close a
+    bracket (where a CPython puts the last instruction does not matter). No tokenizing."""
     first = code.co_firstlineno - 1
     last = max((line for _, _, line in code.co_lines() if line is not None), default=first + 1)
     if last > len(lines):
@@ -97,10 +95,9 @@ def _attrs(obj: Any, names: list[str]) -> Any:
 
 
 class Gate:
-    """The code of one dependency that a patch or fast path relies on: ``paths`` (dotted, each in
-    the dependency's table, :data:`rankmesh._known.TABLES`), on the releases pinned in
-    :data:`rankmesh._dependencies.DEPENDENCIES` whose table entry has ``fact`` true (all, without
-    one). ``reader`` names who read them, in the reason for another version.
+    """The code of ``dependency`` a patch or fast path relies on: ``paths`` (each in its table), on
+    the pinned releases whose entry has ``fact`` true (all, without one); ``reader`` names who read
+    them, in the reason for another version.
 
         >>> import torch
         >>> gate = Gate("torch", ["torch.distributed.device_mesh.init_device_mesh"])
@@ -125,7 +122,7 @@ class Gate:
 
     @property
     def bodies(self) -> dict[str, dict[str, str]]:
-        """``{release: {path: hash}}`` of :attr:`paths` on :attr:`releases`."""
+        """``{release: {path: hash}}``."""
         table = TABLES[self.dependency]
         return {r: {p: table[r].bodies[p] for p in self.paths if p in table[r].bodies} for r in self.releases}
 
@@ -140,9 +137,8 @@ class Gate:
         return None if release is None else self.bodies[release]
 
     def recognise(self) -> str | None:
-        """Why the installed code is not the code read (not installed; a version not read; a
-        function missing; a body whose hash is not the table's), or None. Memoised per process
-        (while the functions are the same objects); the hashes are kept once per install."""
+        """Why the installed code is not the code read (not installed, a version not read, a function
+        missing, a body not the table's), or None; memoised while the functions are the same."""
         reason = _dependencies.unsupported(self.dependency, self.releases, reader=self.reader)
         if reason is not None:
             return reason
@@ -177,7 +173,6 @@ class Gate:
 
 
 def _code(fn: Any) -> Any:
-    """The code object of ``fn`` as hashed (unwrapped), or ``fn`` where it has none."""
     fn = getattr(fn, "__func__", fn)
     if hasattr(fn, "__wrapped__"):
         fn = inspect.unwrap(fn)
@@ -197,26 +192,16 @@ def _hashes_reason(paths: tuple[str, ...], fns: list[Any], known: dict[str, str]
 
 #: Every name ``RANKMESH_DISABLE`` takes: each patch of :mod:`rankmesh.patches`, ``fast_groups``
 #: (rankmesh's writes to c10d's registry) and ``rank_tables`` (its lazy rank tables there).
-SWITCHES: frozenset[str] = frozenset(
-    {
-        "concatenate",
-        "spmd_axis_le",
-        "torchtitan",
-        "megatron",
-        "megatron_fsdp",
-        "init_process_groups",
-        "init_device_mesh",
-        "fast_groups",
-        "rank_tables",
-    }
+SWITCHES = frozenset(
+    "concatenate spmd_axis_le torchtitan megatron megatron_fsdp init_process_groups init_device_mesh fast_groups "
+    "rank_tables".split()
 )
 _disabled: list[frozenset[str]] = []  # read from the environment once per process
 
 
 def disabled(name: str) -> bool:
-    """Whether ``RANKMESH_DISABLE`` (comma-separated names of :data:`SWITCHES`, or ``all``) names
-    ``name``. Read once per process (:func:`reset` reads it again); a name it does not know is
-    warned about once (a typo would otherwise be ignored)."""
+    """Whether ``RANKMESH_DISABLE`` (names of :data:`SWITCHES`, comma-separated, or ``all``) names
+    ``name``; read once per process (:func:`reset`), an unknown name warned about once."""
     if not _disabled:
         raw = os.environ.get("RANKMESH_DISABLE", "")
         names = frozenset(n.strip() for n in raw.split(",") if n.strip())
@@ -233,27 +218,17 @@ def disabled(name: str) -> bool:
 
 
 def reset() -> None:
-    """Read ``RANKMESH_DISABLE`` again on the next :func:`disabled`: for a process (or a test) that
-    changes it on purpose."""
+    """Read ``RANKMESH_DISABLE`` again on the next :func:`disabled` (a process that changes it)."""
     _disabled.clear()
 
 
 class Patch:
-    """One attribute rankmesh replaces: ``owner.attribute = make(original)``.
-
-    Args:
-        name: the registry name (also what ``RANKMESH_DISABLE`` takes).
-        owner: the dotted path of the module or class that holds the attribute.
-        attribute: the attribute replaced.
-        make: ``make(original, *args) -> replacement`` (``args`` as given to :meth:`install`); the
-            replacement keeps the original as ``__wrapped__``.
-        why: one line for the README table.
-        gate: the code the replacement was written against (:class:`Gate`).
-        detail: what else it recognises, after the releases, in words (README table, warning).
-        check: ``check(original) -> None`` when what only this patch cares about holds, else why not.
-        wrap: ``staticmethod`` or ``None``: how the replacement is stored on a class.
-        aliases: modules that re-export the attribute: one imported that holds the original gets
-            the replacement too, and is restored with it.
+    """One attribute rankmesh replaces, ``owner.attribute = make(original, *args)`` (the replacement
+    keeps the original as ``__wrapped__``), in one assignment, and undoes. ``name`` is what
+    ``RANKMESH_DISABLE`` takes; ``why`` and ``detail`` are for people (the README, the warning);
+    ``gate`` is the code it was written against; ``check(original)`` says why not for what only
+    this patch cares about; ``wrap`` (``staticmethod``) stores it on a class; ``aliases`` are
+    modules re-exporting the attribute, which get the replacement too and are restored with it.
     """
 
     def __init__(
@@ -281,7 +256,7 @@ class Patch:
 
     @property
     def versions(self) -> str:
-        """What it recognises, rendered from its gate: ``"torch 2.13, 2.14, 2.15 (by body)"``."""
+        """What it recognises, from its gate: ``"torch 2.13, 2.14, 2.15 (by body)"``."""
         return f"{self.gate.dependency} {', '.join(self.gate.releases)}" + (f" {self.detail}" if self.detail else "")
 
     @property
@@ -308,8 +283,7 @@ class Patch:
         return self._holder is not None and self._holder.__dict__.get(self.attribute) is self._replacement
 
     def recognise(self) -> str | None:
-        """Why this patch may not replace the attribute here, or None: a release not read, the
-        attribute missing, this patch's own ``check``, a body the gate does not know."""
+        """Why not here (a release not read, the attribute missing, its ``check``, its gate), or None."""
         reason = _dependencies.unsupported(self.gate.dependency, self.gate.releases, reader=self.gate.reader)
         if reason is not None:
             return reason
@@ -323,8 +297,8 @@ class Patch:
         return (self._check(original) if self._check is not None else None) or self.gate.recognise()
 
     def install(self, *args: Any) -> bool:
-        """Swap the attribute (idempotent); False, with one warning, when :meth:`recognise` says why
-        not, and False without one when ``RANKMESH_DISABLE`` names this patch."""
+        """Swap the attribute (idempotent); False, with one warning, where :meth:`recognise` says why
+        not; False without one where ``RANKMESH_DISABLE`` names it."""
         with _lock:
             if self.installed:
                 return True
@@ -354,8 +328,7 @@ class Patch:
             return True
 
     def restore(self) -> None:
-        """Put the original back (harmless when not installed, or when someone replaced ours since:
-        theirs is left alone)."""
+        """Put the original back (a replacement someone made since is left alone)."""
         with _lock:
             if self.installed:
                 setattr(self._holder, self.attribute, self._original)
@@ -367,7 +340,7 @@ class Patch:
             self._holder = self._original = self._replacement = None
 
     def original(self) -> Any:
-        """The function the patch replaced (or would replace): what runs when it is not installed."""
+        """The function replaced (or to be): what runs when it is not installed."""
         value = self._original if self._original is not None else resolve(self.owner).__dict__[self.attribute]
         return getattr(value, "__func__", value)
 

@@ -26,6 +26,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from rankmesh._torch_compat import TORCH_VERSION
 from rankmesh.mesh import FastDeviceMesh, from_group, init_device_mesh
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -165,7 +166,7 @@ def check_later(state: dict) -> dict:
     t = torch.ones(1)
     dist.all_reduce(t, group=pg)
     assert t.item() == dist.get_world_size()
-    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 15):
+    if TORCH_VERSION < (2, 15):
         # torch 2.13 salts member-only names with the groups this rank registered, which torch's own
         # subset meshes built above (the oracle) leave different on members and non-members
         # (docs/known_gaps.md); the plain group above is the one that must meet there.
