@@ -81,7 +81,7 @@ def created_groups() -> int:
         return sum(b.report().created for b in _BUILDERS.values())
 
 
-def _world_of(rank_map: Any, world_size: int) -> Any:
+def _rank_map_world(rank_map: Any, world_size: int) -> Any:
     """The rankmesh world a rank map is (``MeshLayout.world`` for a permutation of the whole world,
     ``MeshLayout.placed`` for an offset plus modes over part of it), or None: read once per tensor
     (and again only after an in-place change), in the core."""
@@ -182,7 +182,7 @@ def _plan(layout: Any, rank_map: Any, mesh_dim_names: Any, backend_override: Any
         if backend != "fake" and _torch_would_split(default_group, backend) and not bound:
             return None  # torch splits (torchcomms) where rankmesh would make member-only groups
         overrides.append((backend, options))
-    world = _world_of(rank_map, dist.get_world_size())
+    world = _rank_map_world(rank_map, dist.get_world_size())
     if world is None:
         return None
     names = tuple(mesh_dim_names) if mesh_dim_names else tuple(f"dim_{d}" for d in range(len(layout)))

@@ -41,7 +41,6 @@ from __future__ import annotations
 import copy
 import copyreg
 import logging
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -103,6 +102,7 @@ from rankmesh.process_groups import (
     group_slice,
     require_default_group,
 )
+from rankmesh.recovery import active_world
 
 __all__ = ["FastDeviceMesh", "from_group", "init_device_mesh"]
 
@@ -987,7 +987,7 @@ def _init_world(
                 value=rank_map,
             )
         return rank_map.world_layout()
-    if rank_map is None and (reformed := _reformed_world(world_size)) is not None:
+    if rank_map is None and (reformed := active_world(world_size)) is not None:
         return reformed  # rankmesh.recovery: a re-form is active for this default group
     return MeshLayout.world(world_size, rank_map)
 
@@ -1197,13 +1197,6 @@ def _torch_init(
         mesh_dim_names=names,
         backend_override=overrides,
     )
-
-
-def _reformed_world(world_size: int) -> MeshLayout | None:
-    """The world of the re-form :mod:`rankmesh.recovery` made active for this default group, or
-    None (nothing to read unless that module was imported)."""
-    recovery = sys.modules.get("rankmesh.recovery")
-    return None if recovery is None else recovery.active_world(world_size)
 
 
 def _world_of(builder: MeshBuilder, world: MeshLayout | None = None) -> _World:

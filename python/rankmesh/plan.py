@@ -51,7 +51,7 @@ from rankmesh.job_plan import (  # the job of disjoint meshes (--mesh), importab
 from rankmesh.megatron import DEFAULT_ORDER, model_parallel_layout
 from rankmesh.single import single_mesh
 from rankmesh.topology import TopologyReport, topology_report
-from rankmesh.torchtitan import layouts as _tt
+from rankmesh.torchtitan import layouts
 
 __all__ = [
     "CONVENTIONS",
@@ -136,13 +136,13 @@ def _torchtitan_plan(
     world: int, tp: int, pp: int, cp: int, ep: int, dp_replicate: int, dp_shard: int, etp: int
 ) -> Plan:
     """torchtitan's ParallelDims (dp_shard=-1 fills the rest) and its meshes, as layouts."""
-    d = _tt.resolve_degrees(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
+    d = layouts.resolve_degrees(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
                             world_size=world)
-    deg = _tt.degrees(**d)
+    deg = layouts.degrees(**d)
     dp_shard = d["dp_shard"]
-    built = _tt.layouts(world, deg, loss_name="loss")
+    built = layouts.layouts(world, deg, loss_name="loss")
     meshes = {k: built[k] for k in ("dataloading", "loss", "dense", "sparse")}
-    fake = {k: _tt.fake_dims(k, lay, ep) for k, lay in meshes.items()}
+    fake = {k: layouts.fake_dims(k, lay, ep) for k, lay in meshes.items()}
     degrees = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "ep": ep, "etp": etp}
     derived = {
         "batch": f"{deg['batch']} (dp_replicate*dp_shard)",

@@ -74,25 +74,21 @@ _HSDP_NAMES = ("outer_fsdp_dp", "dp_cp", "tp")
 # -- the patch ---------------------------------------------------------------------------------
 
 
-def _patch() -> Any:
-    return PATCH
-
-
 def accelerate() -> bool:
     """Install the ``megatron_fsdp`` patch: True when rankmesh's ``_init_dist_index`` is in place
     (idempotent); False, with one warning, on a megatron-core it does not know, and without one when
     ``RANKMESH_DISABLE`` names the patch. Meshes already built stay as they are."""
-    return bool(_patch().install())
+    return PATCH.install()
 
 
 def restore() -> None:
     """Put megatron-core's own ``_init_dist_index`` back (harmless when not accelerated)."""
-    _patch().restore()
+    PATCH.restore()
 
 
 def is_accelerated() -> bool:
     """True while ``FullyShardedDataParallel._init_dist_index`` is rankmesh's."""
-    return bool(_patch().installed)
+    return PATCH.installed
 
 
 # -- the replacement -----------------------------------------------------------------------------
@@ -345,7 +341,7 @@ PATCH = Patch(
     PATCH_NAME,
     f"{_ADAPTER}.FullyShardedDataParallel",
     "_init_dist_index",
-    lambda original: make_init_dist_index(original),
+    make_init_dist_index,
     why="Megatron-FSDP builds its DeviceMeshes over the whole job from arange(world) (about 2 s per rank at 2^20); "
     "rankmesh builds the same meshes from the groups parallel_state holds, O(group)",
     detail="(_init_dist_index and the helpers it stands in for, by body)",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ from rankmesh._dependencies import version as dependency_version
 from rankmesh._once import warn_once
 from rankmesh.errors import MegatronConfigError, MegatronStateError, UnknownNameError
 from rankmesh.megatron.parallel_state_groups import MUST_BE_UNSET, Checked, make_groups
+from rankmesh.recovery import active_world
 
 __all__ = [
     "initialize_model_parallel",
@@ -314,8 +314,7 @@ def _check_pp_backend(pipeline_model_parallel_comm_backend: str | None) -> None:
 def _reformed_world(world_size: int) -> Any:
     """The world of the re-form :mod:`rankmesh.recovery` made active for this default group, or
     None (nothing to read unless that module was imported)."""
-    recovery = sys.modules.get("rankmesh.recovery")
-    world = None if recovery is None else recovery.active_world(world_size)
+    world = active_world(world_size)
     if world is not None and not world.in_rank_order:
         from rankmesh.errors import ReformError
 

@@ -60,7 +60,7 @@ from rankmesh.errors import (
 )
 from rankmesh.mesh import init_device_mesh
 from rankmesh.process_groups import BuildReport, require_default_group
-from rankmesh.torchtitan import layouts as _tt
+from rankmesh.torchtitan import layouts as titan_layouts
 
 __all__ = ["ParallelDims"]
 
@@ -84,13 +84,13 @@ def _titan_meshes(
     Every mesh shares the world's process groups, one per distinct partition of the world."""
 
     def unflatten(name: str) -> DeviceMesh:
-        dims = _tt.GLOBAL_MESH_DIMS[name]
-        fake_names = _tt.fake_dim_names(dims, [deg[n] for n in dims], ep)
+        dims = titan_layouts.GLOBAL_MESH_DIMS[name]
+        fake_names = titan_layouts.fake_dim_names(dims, [deg[n] for n in dims], ep)
         fake = {n: "fake" for n in dims if n in fake_names}
         return world_mesh._unflatten(0, tuple(deg[n] for n in dims), dims, backend_override=fake)
 
     dl = unflatten("dataloading")
-    loss = dl["batch", "cp"]._flatten(_tt.LOSS_DIM_NAME)
+    loss = dl["batch", "cp"]._flatten(titan_layouts.LOSS_DIM_NAME)
     dense = unflatten("dense")
     sparse = unflatten("sparse")
     global_meshes = {"dataloading": dl, "loss": loss, "dense": dense, "sparse": sparse}
@@ -148,7 +148,7 @@ class ParallelDims:
     def _validate(self) -> None:
         # torchtitan's asserts, without torch: rankmesh.torchtitan.layouts is their one home (shared
         # with ``rankmesh plan``); integers by rankmesh._check's rule.
-        deg = _tt.resolve_degrees(
+        deg = titan_layouts.resolve_degrees(
             dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
             pp=self.pp, ep=self.ep, etp=self.etp, world_size=self.world_size,
         )
@@ -157,7 +157,7 @@ class ParallelDims:
         self.world_size = as_int(self.world_size, "world_size")
 
     def _mesh_exist(self, name: str, degree: int) -> bool:
-        return _tt.mesh_exists(name, degree, self.ep)
+        return titan_layouts.mesh_exists(name, degree, self.ep)
 
     # -- layouts -----------------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ class ParallelDims:
         mesh divides, a check torchtitan does not make: its constructor accepts such degrees (its
         own tests build them without meshing), so it runs where they are first used, in building
         the meshes or layouts (torchtitan fails there inside torch)."""
-        return _tt.degrees(
+        return titan_layouts.degrees(
             dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
             pp=self.pp, ep=self.ep, etp=self.etp,
         )
@@ -176,7 +176,7 @@ class ParallelDims:
         """The rankmesh layouts of the meshes: ``world``, ``dataloading``, ``loss``, ``dense``,
         ``sparse`` (pure functions of the degrees; no process group involved)."""
         if self._layouts is None:
-            self._layouts = _tt.layouts(self.world_size, self._degrees())
+            self._layouts = titan_layouts.layouts(self.world_size, self._degrees())
         return self._layouts
 
     @property
