@@ -84,8 +84,13 @@ def test_world_size_not_positive(size):
 
 @pytest.mark.parametrize(
     ("sizes", "field", "bad"),
-    [((0, 8), "sizes[0]", 0), ((2, 0, 4), "sizes[1]", 0), ((2, -4), "sizes[1]", -4), ((-2, -4), "sizes[0]", -2),
-     ((8, 1, -1), "sizes[2]", -1)],
+    [
+        ((0, 8), "sizes[0]", 0),
+        ((2, 0, 4), "sizes[1]", 0),
+        ((2, -4), "sizes[1]", -4),
+        ((-2, -4), "sizes[0]", -2),
+        ((8, 1, -1), "sizes[2]", -1),
+    ],
 )
 def test_unflatten_size_not_positive(w8, sizes, field, bad):
     names = [f"d{i}" for i in range(len(sizes))]
@@ -93,10 +98,25 @@ def test_unflatten_size_not_positive(w8, sizes, field, bad):
 
 
 def test_product_mismatch(w8, dp_tp):
-    raises(SizeMismatchError, lambda: w8.unflatten(0, (2, 2), ("a", "b")), "sizes", "[2, 2]", "is 4", "size 8",
-           value=(2, 2))
-    raises(SizeMismatchError, lambda: dp_tp.unflatten("tp", [2, 3], ("a", "b")), "sizes", "[2, 3]", "is 6", '"tp"',
-           "size 4", value=(2, 3))
+    raises(
+        SizeMismatchError,
+        lambda: w8.unflatten(0, (2, 2), ("a", "b")),
+        "sizes",
+        "[2, 2]",
+        "is 4",
+        "size 8",
+        value=(2, 2),
+    )
+    raises(
+        SizeMismatchError,
+        lambda: dp_tp.unflatten("tp", [2, 3], ("a", "b")),
+        "sizes",
+        "[2, 3]",
+        "is 6",
+        '"tp"',
+        "size 4",
+        value=(2, 3),
+    )
     raises(SizeMismatchError, lambda: w8.unflatten(0, (16,), ("a",)), "sizes", "[16]", "16", "size 8", value=(16,))
     # numpy integers are ints; the value is plain Python ints
     raises(SizeMismatchError, lambda: w8.unflatten(0, np.array([2, 2]), ("a", "b")), "sizes", value=(2, 2))
@@ -108,8 +128,13 @@ def test_empty_sizes(w8):
 
 @pytest.mark.parametrize(("sizes", "names"), [((2, 4), ("a",)), ((2, 4), ("a", "b", "c")), ((8,), ())])
 def test_sizes_and_names_lengths_differ(w8, sizes, names):
-    raises(SizeMismatchError, lambda: w8.unflatten(0, sizes, list(names)), "names",
-           f"{len(sizes)} sizes but {len(names)} names", value=names)
+    raises(
+        SizeMismatchError,
+        lambda: w8.unflatten(0, sizes, list(names)),
+        "names",
+        f"{len(sizes)} sizes but {len(names)} names",
+        value=names,
+    )
 
 
 # ------------------------------------------------------------------------------ names
@@ -123,8 +148,14 @@ def test_duplicate_names(w8, dp_tp):
 
 
 def test_unknown_names(dp_tp):
-    for fn in (lambda: dp_tp["pp"], lambda: dp_tp["dp", "pp"], lambda: dp_tp.unflatten("pp", (2,), ("x",)),
-               lambda: dp_tp.group(0, "pp"), lambda: dp_tp.modes("pp"), lambda: dp_tp.size("pp")):
+    for fn in (
+        lambda: dp_tp["pp"],
+        lambda: dp_tp["dp", "pp"],
+        lambda: dp_tp.unflatten("pp", (2,), ("x",)),
+        lambda: dp_tp.group(0, "pp"),
+        lambda: dp_tp.modes("pp"),
+        lambda: dp_tp.size("pp"),
+    ):
         e = raises(UnknownNameError, fn, "names", '"pp"', '["dp", "tp"]', value="pp")
         # torch raises KeyError for an unknown dim name; code catching that keeps working
         assert isinstance(e, KeyError)
@@ -138,8 +169,7 @@ def test_empty_name(w8, dp_tp):
     raises(InvalidNameError, lambda: dp_tp.flatten(""), "name", 'name ""', value="")
     # a str Python holds but that is not valid UTF-8 text: the wrong kind of argument, as for
     # every name (tests/test_malformed_classes.py covers every place)
-    raises(ArgumentTypeError, lambda: w8.unflatten(0, (2, 4), ("a", "\ud800")), "names[1]", "surrogate",
-           value="\ud800")
+    raises(ArgumentTypeError, lambda: w8.unflatten(0, (2, 4), ("a", "\ud800")), "names[1]", "surrogate", value="\ud800")
 
 
 def wrong_type(fn, field: str, value, *mentions) -> ArgumentTypeError:
@@ -199,11 +229,16 @@ def suggested_order(e: SliceOrderError) -> tuple[str, ...]:
 
 
 def test_slice_out_of_mesh_order(dp_tp):
-    raises(SliceOrderError, lambda: dp_tp["tp", "dp"], "names", '["tp", "dp"]', 'e.g. ["dp", "tp"]',
-           value=("tp", "dp"))
+    raises(SliceOrderError, lambda: dp_tp["tp", "dp"], "names", '["tp", "dp"]', 'e.g. ["dp", "tp"]', value=("tp", "dp"))
     m = MeshLayout.world(24).unflatten(0, (2, 3, 4), ("pp", "dp", "tp"))
-    raises(SliceOrderError, lambda: m["tp", "pp", "dp"], "names", '["tp", "pp", "dp"]', '["pp", "dp", "tp"]',
-           value=("tp", "pp", "dp"))
+    raises(
+        SliceOrderError,
+        lambda: m["tp", "pp", "dp"],
+        "names",
+        '["tp", "pp", "dp"]',
+        '["pp", "dp", "tp"]',
+        value=("tp", "pp", "dp"),
+    )
     raises(SliceOrderError, lambda: m[["tp", "pp"]], "names", value=("tp", "pp"))  # a list: the names as a tuple
     # also when a dim has size 1 (torch lets that one through; see test_layout_vs_torch)
     m = MeshLayout.world(8).unflatten(0, (2, 1, 4), ("dp", "pp", "tp"))
@@ -271,8 +306,12 @@ def test_rank_out_of_range_with_rank_map():
 
 @pytest.mark.parametrize("dim", [2, 3, -3, 100])
 def test_dim_out_of_range(dp_tp, dim):
-    calls = [lambda: dp_tp.group(0, dim), lambda: dp_tp.modes(dim), lambda: dp_tp.size(dim),
-             lambda: dp_tp.unflatten(dim, (1,), ("x",))]
+    calls = [
+        lambda: dp_tp.group(0, dim),
+        lambda: dp_tp.modes(dim),
+        lambda: dp_tp.size(dim),
+        lambda: dp_tp.unflatten(dim, (1,), ("x",)),
+    ]
     for fn in calls:
         e = raises(DimOutOfRangeError, fn, "dim", f"dim = {dim}", "2 dimensions", '["dp", "tp"]', value=dim)
         assert isinstance(e, IndexError)
@@ -311,8 +350,14 @@ def test_negative_dims_count_from_the_end(dp_tp):
     ],
 )
 def test_rank_map_not_a_permutation(rank_map, value, mentions):
-    raises(InvalidRankMapError, lambda: MeshLayout.world(4, rank_map), "rank_map",
-           "not a permutation of range(4)", *mentions, value=value)
+    raises(
+        InvalidRankMapError,
+        lambda: MeshLayout.world(4, rank_map),
+        "rank_map",
+        "not a permutation of range(4)",
+        *mentions,
+        value=value,
+    )
 
 
 @pytest.mark.parametrize(
@@ -339,8 +384,14 @@ def test_rank_map_of_wrong_type(rank_map, value, mentions):
 def test_rank_maps_of_any_integer_type_work():
     perm = [3, 1, 0, 2]
     want = MeshLayout.world(4, perm)
-    for form in [tuple(perm), np.array(perm, dtype=np.uint8), np.array(perm[::-1], dtype=np.int32)[::-1],
-                 np.array(perm, dtype=object), np.array(perm, dtype=np.uint64), torch.tensor(perm, dtype=torch.int16)]:
+    for form in [
+        tuple(perm),
+        np.array(perm, dtype=np.uint8),
+        np.array(perm[::-1], dtype=np.int32)[::-1],
+        np.array(perm, dtype=object),
+        np.array(perm, dtype=np.uint64),
+        torch.tensor(perm, dtype=torch.int16),
+    ]:
         assert MeshLayout.world(4, form) == want
     assert MeshLayout.world(4, range(4)) == MeshLayout.world(4)
 
@@ -354,8 +405,14 @@ def test_world_size_is_checked_before_the_rank_map():
 
 
 def test_world_size_over_int32():
-    e = raises(LayoutOverflowError, lambda: MeshLayout.world(MAX_WORLD_SIZE + 1), "world_size", "2147483648", "int32",
-               value=2**31)
+    e = raises(
+        LayoutOverflowError,
+        lambda: MeshLayout.world(MAX_WORLD_SIZE + 1),
+        "world_size",
+        "2147483648",
+        "int32",
+        value=2**31,
+    )
     assert isinstance(e, OverflowError)
     raises(LayoutOverflowError, lambda: MeshLayout.world(2**64), "world_size", str(2**64), value=2**64)
     # the largest world is fine (nothing world-sized is allocated without a rank map)
@@ -365,24 +422,35 @@ def test_world_size_over_int32():
 def test_sizes_product_overflow_blames_the_size_that_overflows(w8):
     big = MAX_WORLD_SIZE
     # big * big fits 64 bits; the third factor overflows: it is the culprit, not "the product"
-    raises(LayoutOverflowError, lambda: w8.unflatten(0, (big, big, big), ("a", "b", "c")), "sizes[2]",
-           "sizes[2] = 2147483647 overflows", "64 bits", "multiply to exactly 8", value=big)
-    raises(LayoutOverflowError, lambda: w8.unflatten(0, (2, big, big, big, 1), tuple("abcde")), "sizes[3]",
-           "sizes[3] = 2147483647", value=big)
+    raises(
+        LayoutOverflowError,
+        lambda: w8.unflatten(0, (big, big, big), ("a", "b", "c")),
+        "sizes[2]",
+        "sizes[2] = 2147483647 overflows",
+        "64 bits",
+        "multiply to exactly 8",
+        value=big,
+    )
+    raises(
+        LayoutOverflowError,
+        lambda: w8.unflatten(0, (2, big, big, big, 1), tuple("abcde")),
+        "sizes[3]",
+        "sizes[3] = 2147483647",
+        value=big,
+    )
 
 
 def test_size_over_int32(w8):
-    raises(LayoutOverflowError, lambda: w8.unflatten(0, (2**31, 4), ("a", "b")), "sizes[0]", "2147483648",
-           value=2**31)
-    raises(LayoutOverflowError, lambda: w8.unflatten(0, (4, 2**100), ("a", "b")), "sizes[1]", str(2**100),
-           value=2**100)
+    raises(LayoutOverflowError, lambda: w8.unflatten(0, (2**31, 4), ("a", "b")), "sizes[0]", "2147483648", value=2**31)
+    raises(LayoutOverflowError, lambda: w8.unflatten(0, (4, 2**100), ("a", "b")), "sizes[1]", str(2**100), value=2**100)
 
 
 @pytest.mark.parametrize("value", [HUGE, -HUGE, 2**127, -(2**127) - 1])
 def test_ints_beyond_128_bits(dp_tp, value):
     raises(LayoutOverflowError, lambda: MeshLayout.world(value), "world_size", str(value), "128-bit", value=value)
-    raises(LayoutOverflowError, lambda: dp_tp.unflatten("tp", (2, value), ("a", "b")), "sizes[1]", str(value),
-           value=value)
+    raises(
+        LayoutOverflowError, lambda: dp_tp.unflatten("tp", (2, value), ("a", "b")), "sizes[1]", str(value), value=value
+    )
     raises(LayoutOverflowError, lambda: dp_tp.mesh_of(value), "rank", str(value), value=value)
     raises(LayoutOverflowError, lambda: dp_tp.group(value, 0), "rank", str(value), value=value)
     raises(LayoutOverflowError, lambda: dp_tp.group(0, value), "dim", str(value), value=value)
@@ -407,8 +475,16 @@ def test_incompatible_unflatten_of_non_adjacent_flatten():
     # dims a, c of (2,3,3) over 18 ranks: strides (9, 1), which (3, 2) cannot split
     ac = MeshLayout.world(18).unflatten(0, (2, 3, 3), ("a", "b", "c"))["a", "c"].flatten()
     assert ac.modes("a_c") == [(2, 9), (3, 1)]
-    raises(IncompatibleLayoutError, lambda: ac.unflatten("a_c", (3, 2), ("x", "y")), "sizes",
-           "[3, 2]", '"a_c"', "(2,3):(9,1)", "non-adjacent", value=(3, 2))
+    raises(
+        IncompatibleLayoutError,
+        lambda: ac.unflatten("a_c", (3, 2), ("x", "y")),
+        "sizes",
+        "[3, 2]",
+        '"a_c"',
+        "(2,3):(9,1)",
+        "non-adjacent",
+        value=(3, 2),
+    )
     # the sizes that follow the modes work
     assert ac.unflatten("a_c", (2, 3), ("x", "y")).shape == (2, 3)
 
@@ -420,38 +496,102 @@ def test_restore_validates_every_part():
     restore = rankmesh._native._restore
     ok = restore(8, None, [[(2, 4)], [(4, 1)]], ["dp", "tp"])
     assert ok == MeshLayout.world(8).unflatten(0, (2, 4), ("dp", "tp"))
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(2, 4)], [(4, 2)]], ["a", "b"]), "axes",
-           "(2,4):(4,2)", "overlap", value=[[(2, 4)], [(4, 2)]])
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(2, 4)], [(8, 1)]], ["a", "b"]), "axes", "(2,8):(4,1)",
-           value=[[(2, 4)], [(8, 1)]])
-    raises(InvalidLayoutError, lambda: restore(6, None, [[(4, 1)]], ["a"]), "axes", "(4):(1)", "world of 6",
-           value=[[(4, 1)]])
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(2, 4)], [(4, 1)], [(2, 8)]], ["a", "b", "c"]),
-           "axes[2][0]", "spans 16", "world of 8", value=(2, 8))
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(2, 4)], [(0, 1)]], ["a", "b"]), "axes[1][0]", "(0, 1)",
-           value=(0, 1))
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(2, 0)], [(4, 1)]], ["a", "b"]), "axes[0][0]", "(2, 0)",
-           value=(2, 0))
-    raises(SizeMismatchError, lambda: restore(8, None, [[(2, 4)]], ["a", "b"]), "names", "1 axes but 2 names",
-           value=("a", "b"))
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(2, 4)], [(4, 2)]], ["a", "b"]),
+        "axes",
+        "(2,4):(4,2)",
+        "overlap",
+        value=[[(2, 4)], [(4, 2)]],
+    )
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(2, 4)], [(8, 1)]], ["a", "b"]),
+        "axes",
+        "(2,8):(4,1)",
+        value=[[(2, 4)], [(8, 1)]],
+    )
+    raises(
+        InvalidLayoutError,
+        lambda: restore(6, None, [[(4, 1)]], ["a"]),
+        "axes",
+        "(4):(1)",
+        "world of 6",
+        value=[[(4, 1)]],
+    )
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(2, 4)], [(4, 1)], [(2, 8)]], ["a", "b", "c"]),
+        "axes[2][0]",
+        "spans 16",
+        "world of 8",
+        value=(2, 8),
+    )
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(2, 4)], [(0, 1)]], ["a", "b"]),
+        "axes[1][0]",
+        "(0, 1)",
+        value=(0, 1),
+    )
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(2, 0)], [(4, 1)]], ["a", "b"]),
+        "axes[0][0]",
+        "(2, 0)",
+        value=(2, 0),
+    )
+    raises(
+        SizeMismatchError,
+        lambda: restore(8, None, [[(2, 4)]], ["a", "b"]),
+        "names",
+        "1 axes but 2 names",
+        value=("a", "b"),
+    )
     raises(DuplicateNameError, lambda: restore(8, None, [[(2, 4)], [(4, 1)]], ["a", "a"]), "names", '"a"', value="a")
     raises(InvalidNameError, lambda: restore(8, None, [[(8, 1)]], [""]), "names", value="")
-    raises(InvalidRankMapError, lambda: restore(4, [0, 0, 1, 2], [[(4, 1)]], ["a"]), "rank_map", "rank 0 appears",
-           value=0)
+    raises(
+        InvalidRankMapError, lambda: restore(4, [0, 0, 1, 2], [[(4, 1)]], ["a"]), "rank_map", "rank 0 appears", value=0
+    )
     raises(InvalidSizeError, lambda: restore(0, None, [], []), "world_size", value=0)
     # strides so large their span overflows 64 bits: the mode spans more than the world
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(4, 2**63)], [(2, 1)]], ["a", "b"]), "axes[0][0]",
-           "spans 36893488147419103232", value=(4, 2**63))
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(4, 2**63)], [(2, 1)]], ["a", "b"]),
+        "axes[0][0]",
+        "spans 36893488147419103232",
+        value=(4, 2**63),
+    )
     # a stride, or a size, beyond 64 bits: an overflow that names it
-    raises(LayoutOverflowError, lambda: restore(8, None, [[(2, 4)], [(4, 2**64)]], ["a", "b"]), "axes[1][0][1]",
-           "stride", value=2**64)
-    raises(LayoutOverflowError, lambda: restore(8, None, [[(2**70, 4)], [(4, 1)]], ["a", "b"]), "axes[0][0][0]",
-           "size", value=2**70)
-    raises(LayoutOverflowError, lambda: restore(8, None, [[(2, 4)], [(4, HUGE)]], ["a", "b"]), "axes[1][0][1]",
-           "128-bit", value=HUGE)
+    raises(
+        LayoutOverflowError,
+        lambda: restore(8, None, [[(2, 4)], [(4, 2**64)]], ["a", "b"]),
+        "axes[1][0][1]",
+        "stride",
+        value=2**64,
+    )
+    raises(
+        LayoutOverflowError,
+        lambda: restore(8, None, [[(2**70, 4)], [(4, 1)]], ["a", "b"]),
+        "axes[0][0][0]",
+        "size",
+        value=2**70,
+    )
+    raises(
+        LayoutOverflowError,
+        lambda: restore(8, None, [[(2, 4)], [(4, HUGE)]], ["a", "b"]),
+        "axes[1][0][1]",
+        "128-bit",
+        value=HUGE,
+    )
     # wrong types and lengths
-    raises(InvalidLayoutError, lambda: restore(8, None, [[(2, 4)], [(4, 1, 1)]], ["a", "b"]), "axes[1][0]",
-           "(size, stride) pair", value=(4, 1, 1))
+    raises(
+        InvalidLayoutError,
+        lambda: restore(8, None, [[(2, 4)], [(4, 1, 1)]], ["a", "b"]),
+        "axes[1][0]",
+        "(size, stride) pair",
+        value=(4, 1, 1),
+    )
     wrong_type(lambda: restore(8, None, [[(2, 4)], [(4, 1.0)]], ["a", "b"]), "axes[1][0][1]", 1.0)
     wrong_type(lambda: restore(8, None, [[(2, 4)], 5], ["a", "b"]), "axes[1]", 5)
     wrong_type(lambda: restore(8, None, "axes", ["a", "b"]), "axes", "axes")
@@ -488,10 +628,39 @@ def test_corrupted_pickle_payload():
 
 
 # the classes a corrupted payload may raise, each naming its field
-PAYLOAD_ERRORS = (InvalidLayoutError, ArgumentTypeError, LayoutOverflowError, InvalidSizeError, InvalidRankMapError,
-                  SizeMismatchError, DuplicateNameError, InvalidNameError)
-_JUNK = [None, True, 1.5, -1, 0, 2**31, 2**64, 2**130, -(2**200), "x", b"x", "", (), [], {}, object(), (1, 2, 3),
-         [(1, 2)], np.float64(2.0), np.int64(-3), np.array([1, 2])]
+PAYLOAD_ERRORS = (
+    InvalidLayoutError,
+    ArgumentTypeError,
+    LayoutOverflowError,
+    InvalidSizeError,
+    InvalidRankMapError,
+    SizeMismatchError,
+    DuplicateNameError,
+    InvalidNameError,
+)
+_JUNK = [
+    None,
+    True,
+    1.5,
+    -1,
+    0,
+    2**31,
+    2**64,
+    2**130,
+    -(2**200),
+    "x",
+    b"x",
+    "",
+    (),
+    [],
+    {},
+    object(),
+    (1, 2, 3),
+    [(1, 2)],
+    np.float64(2.0),
+    np.int64(-3),
+    np.array([1, 2]),
+]
 
 
 def _corruptions(part):
@@ -501,10 +670,10 @@ def _corruptions(part):
     if isinstance(part, (list, tuple)) and not isinstance(part, str):
         items = list(part)
         for i, item in enumerate(items):
-            yield items[:i] + items[i + 1:]
+            yield items[:i] + items[i + 1 :]
             yield items + [item]
             for bad in _corruptions(item):
-                yield items[:i] + [bad] + items[i + 1:]
+                yield items[:i] + [bad] + items[i + 1 :]
 
 
 def test_fuzzed_pickle_payloads_raise_typed_errors():
@@ -516,7 +685,7 @@ def test_fuzzed_pickle_payloads_raise_typed_errors():
     payloads = []
     for p, part in enumerate(args):
         for bad in _corruptions(part):
-            payloads.append(args[:p] + (bad,) + args[p + 1:])
+            payloads.append(args[:p] + (bad,) + args[p + 1 :])
     rng = random.Random(0)
     for _ in range(300):  # several parts corrupted at once
         payload = list(args)
@@ -561,7 +730,7 @@ def test_panic_becomes_internal_error():
         rankmesh._native._panic_for_test()
     e = info.value
     assert type(e) is InternalError, f"{type(e).__module__}.{type(e).__name__}: {e}"
-    assert isinstance(e, rankmesh.InternalError) and isinstance(e, RankmeshError)
+    assert isinstance(e, rankmesh.errors.InternalError) and isinstance(e, RankmeshError)
     assert type(e).__name__ != "PanicException"
     assert "deliberate panic for the FFI test" in str(e)
     assert "please report" in str(e)
@@ -572,9 +741,21 @@ def test_panic_becomes_internal_error():
 
 
 LAYOUT_ERRORS = [
-    InvalidSizeError, SizeMismatchError, LayoutOverflowError, UnknownNameError, DuplicateNameError,
-    InvalidNameError, SliceOrderError, EmptySliceError, RankOutOfRangeError, DimOutOfRangeError,
-    InvalidRankMapError, IncompatibleLayoutError, InvalidLayoutError, InternalError, ArgumentTypeError,
+    InvalidSizeError,
+    SizeMismatchError,
+    LayoutOverflowError,
+    UnknownNameError,
+    DuplicateNameError,
+    InvalidNameError,
+    SliceOrderError,
+    EmptySliceError,
+    RankOutOfRangeError,
+    DimOutOfRangeError,
+    InvalidRankMapError,
+    IncompatibleLayoutError,
+    InvalidLayoutError,
+    InternalError,
+    ArgumentTypeError,
 ]
 
 
@@ -592,7 +773,17 @@ def test_every_error_class_is_a_rankmesh_error():
             cls("message", "field", "value")
     for cls in LAYOUT_ERRORS:  # every class the native module raises
         assert cls.__name__ in errors.__all__
-        assert getattr(rankmesh, cls.__name__) is cls
+    # the top level exports the base class and the errors a job catches around its init; the rest
+    # are rankmesh.errors' (each also a ValueError, TypeError or KeyError, as Python's would be)
+    top = {name for name in rankmesh.__all__ if name.endswith("Error")}
+    assert top == {
+        "RankmeshError",
+        "ConfigMismatchError",
+        "ConsistencyTimeoutError",
+        "DistributedStateError",
+        "ReformError",
+    }
+    assert all(getattr(rankmesh, name) is getattr(errors, name) for name in top)
 
 
 def test_an_error_whose_value_cannot_be_pickled_still_pickles_with_its_repr():
@@ -626,7 +817,11 @@ def test_kind_ctx_and_fix_survive_pickling_and_render_both_ways():
     from rankmesh.errors import ConfigMismatchError, InvalidSizeError
 
     e = InvalidSizeError(
-        "tp must be >= 1, got 0", field="tp", value=0, kind="degree_not_positive", ctx={"world_size": 8},
+        "tp must be >= 1, got 0",
+        field="tp",
+        value=0,
+        kind="degree_not_positive",
+        ctx={"world_size": 8},
         fix="use {tp=1}, or a degree that divides {world_size}",
     )
     back = pickle.loads(pickle.dumps(e))

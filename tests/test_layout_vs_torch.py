@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, currently_in_test_context, event, given, note, settings
 from hypothesis import strategies as st
-from rankmesh import IncompatibleLayoutError, MeshLayout, SliceOrderError
+from rankmesh import MeshLayout
+from rankmesh.errors import IncompatibleLayoutError, SliceOrderError
 from torch.distributed._mesh_layout import _MeshLayout
 
 from tests.conftest import fake_world

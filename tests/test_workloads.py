@@ -18,9 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from rankmesh import (
-    _mesh_check,  # noqa: E402
-)
+from rankmesh import _mesh_check  # noqa: E402
 from rankmesh.bench import workloads as wl  # noqa: E402
 from rankmesh.mesh import RANK_MAP_MATERIALISATIONS, FastDeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402

@@ -9,9 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from rankmesh import (
-    _mesh_check,  # noqa: E402
-)
+from rankmesh import _mesh_check  # noqa: E402
 
 from tests.mp import rankmesh_mp as mp  # noqa: E402
 

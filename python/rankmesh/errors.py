@@ -1,10 +1,13 @@
-"""rankmesh's exception hierarchy.
+"""rankmesh's exception hierarchy. Every class lives here; the top level re-exports
+:class:`RankmeshError` and the errors a job catches around its init (``ConfigMismatchError``,
+``ConsistencyTimeoutError``, ``DistributedStateError``, ``ReformError``).
 
 Every error derives from :class:`RankmeshError`, itself a :class:`ValueError`, and carries the
 offending ``field`` and ``value`` (keyword-only; ``value`` is the offending value itself, not a
 description of it) next to a message that says how to fix it::
 
-    >>> from rankmesh import MeshLayout, SizeMismatchError
+    >>> from rankmesh import MeshLayout
+    >>> from rankmesh.errors import SizeMismatchError
     >>> try:
     ...     MeshLayout.world(8).unflatten("world", (2, 2), ("dp", "tp"))
     ... except SizeMismatchError as e:
@@ -408,7 +411,7 @@ class ParallelDimsSizeMismatchError(SizeMismatchError, ParallelDimsError):
     """torchtitan's parallelism degrees do not fit ``world_size``.
 
     The decision, for every convention: degrees that do not fit the world raise
-    :class:`~rankmesh.SizeMismatchError`, the layout core's class for "sizes do not multiply to
+    :class:`~rankmesh.errors.SizeMismatchError`, the layout core's class for "sizes do not multiply to
     what they must", with ``field`` naming the world-size argument (``"world_size"``) and
     ``value`` the world size itself (for ``dp_shard=-1`` that leaves no rank: ``"dp_shard"``,
     ``-1``). Megatron's :func:`~rankmesh.model_parallel_layout` and the single mesh raise
@@ -424,7 +427,7 @@ class ParallelDimsOverflowError(LayoutOverflowError, ParallelDimsError):
     """torchtitan's parallelism degrees (or ``world_size``) need more ranks than a world holds
     (:data:`~rankmesh.MAX_WORLD_SIZE`, ranks are int32). As in every convention, ``field`` names the
     degree that overflows the running product of the degrees in argument order (``tp`` for
-    ``tp=2**64``), ``value`` is that degree. A :class:`~rankmesh.LayoutOverflowError`, and, like
+    ``tp=2**64``), ``value`` is that degree. A :class:`~rankmesh.errors.LayoutOverflowError`, and, like
     every error of :class:`rankmesh.ParallelDims`, a :class:`~rankmesh.errors.ParallelDimsError`
     (an ``AssertionError``, which torchtitan raises for degrees that do not fit the world)."""
 

@@ -121,11 +121,11 @@ def single_mesh(
 
     ``rank_map`` (a permutation of the ranks, e.g. from
     :func:`rankmesh.topology.rank_map_from_hosts`) places ranks in the world like
-    :meth:`MeshLayout.world`. Raises :class:`~rankmesh.ParallelConfigError` for cp > 1 (this
-    convention has no cp dim), :class:`~rankmesh.InvalidSizeError` for a degree < 1,
-    :class:`~rankmesh.LayoutOverflowError` for a world size, or a running product of the degrees in
+    :meth:`MeshLayout.world`. Raises :class:`~rankmesh.errors.ParallelConfigError` for cp > 1 (this
+    convention has no cp dim), :class:`~rankmesh.errors.InvalidSizeError` for a degree < 1,
+    :class:`~rankmesh.errors.LayoutOverflowError` for a world size, or a running product of the degrees in
     argument order, beyond :data:`~rankmesh.MAX_WORLD_SIZE` (naming the world size or the degree
-    that overflows) and :class:`~rankmesh.SizeMismatchError` when the degrees do not multiply to the
+    that overflows) and :class:`~rankmesh.errors.SizeMismatchError` when the degrees do not multiply to the
     world.
     """
     world_size = _degree(world_size, "world_size")

@@ -13,7 +13,7 @@ O(group size) per dim; the optional whole-world check looks at every group (O(W)
     (('tp',), ('dp', 'cp'))
 
 Strict mode turns a bandwidth-hungry dim (tp always, ep and cp when asked) that spans nodes into
-a :class:`~rankmesh.TopologyError`. It always decides from every group of the dim (the
+a :class:`~rankmesh.errors.TopologyError`. It always decides from every group of the dim (the
 whole-world check), so that every rank reaches the same verdict: a check of the caller's group
 alone could fail on some ranks and pass on others, which leaves the others waiting in a
 collective forever::
@@ -73,7 +73,7 @@ def gpus_per_node_from_env() -> int | None:
     ASCII digits only, at least 1. Anything else (``""``, ``"abc"``, ``"1.5"``, ``"0"``,
     ``"-3"``, and ``" 8 "``: nothing is trimmed, since torchrun never writes spaces and a
     hand-set value with them is a typo to fix rather than guess at) raises
-    :class:`~rankmesh.TopologyError` with ``field="LOCAL_WORLD_SIZE"`` and the raw string as
+    :class:`~rankmesh.errors.TopologyError` with ``field="LOCAL_WORLD_SIZE"`` and the raw string as
     ``value``."""
     v = os.environ.get("LOCAL_WORLD_SIZE")
     if v is None:
@@ -252,7 +252,7 @@ class TopologyReport:
 
 def _hungry_names(hungry: Iterable[str]) -> set[str]:
     """The dim names of the families ``hungry`` names (tp always). An unknown family is an
-    :class:`~rankmesh.UnknownNameError` wherever it is given, strict or not: nothing is ignored."""
+    :class:`~rankmesh.errors.UnknownNameError` wherever it is given, strict or not: nothing is ignored."""
     hungry = as_sequence(hungry, "strict_dims", f"family names ({', '.join(BANDWIDTH_HUNGRY)})")
     names = set(BANDWIDTH_HUNGRY["tp"])
     for i, h in enumerate(hungry):
@@ -334,7 +334,7 @@ def topology_report(
             ``.layout`` (e.g. :class:`rankmesh.single.SingleMesh`). A mesh over part of the job
             (:meth:`MeshLayout.placed`) counts the job's ranks as its world.
         rank: the caller's rank in the job; it must be in every mesh given (else
-            :class:`~rankmesh.RankOutOfRangeError`).
+            :class:`~rankmesh.errors.RankOutOfRangeError`).
         gpus_per_node: ranks per node; defaults to ``LOCAL_WORLD_SIZE``. Node of rank ``r`` is
             ``r // gpus_per_node``.
         hostnames: the host of every rank instead (nodes in order of first appearance).
@@ -343,7 +343,7 @@ def topology_report(
             etp) always, plus the families in ``strict_dims`` (``"ep"``, ``"cp"``). Strict mode
             checks the hungry dims over the whole world so that every rank agrees.
         strict_dims: families of :data:`BANDWIDTH_HUNGRY`, checked whether or not ``strict`` is
-            on: a name that is no family raises :class:`~rankmesh.UnknownNameError` (a family
+            on: a name that is no family raises :class:`~rankmesh.errors.UnknownNameError` (a family
             that no mesh holds, e.g. ``"cp"`` of a mesh without cp, is fine: nothing spans nodes).
 
     Cost: O(group size) per dim for the caller; O(W) per dim checked over the whole world.

@@ -54,9 +54,9 @@ class RankGenerator:
             with a topology-aware ``rank_map`` (see :mod:`rankmesh.topology`); identity otherwise.
 
     Errors (all :class:`~rankmesh.RankmeshError`): a degree < 1
-    (:class:`~rankmesh.errors.InvalidSizeError`) or not an int (:class:`~rankmesh.ArgumentTypeError`,
+    (:class:`~rankmesh.errors.InvalidSizeError`) or not an int (:class:`~rankmesh.errors.ArgumentTypeError`,
     a ``TypeError``), a ``world`` whose size is not the degrees' product
-    (:class:`~rankmesh.SizeMismatchError`), ep and cp both > 1
+    (:class:`~rankmesh.errors.SizeMismatchError`), ep and cp both > 1
     (:class:`~rankmesh.errors.MegatronConfigError`, also an ``AssertionError`` as in Megatron), a dim
     of size > 1 missing from ``order`` (:class:`~rankmesh.errors.ParallelConfigError`, also a
     ``RuntimeError`` as in Megatron; its message suggests only an order
@@ -64,7 +64,7 @@ class RankGenerator:
     does), an unknown name (:class:`~rankmesh.errors.UnknownNameError`, also a ``KeyError``), a name
     twice (:class:`~rankmesh.errors.DuplicateNameError`), a negative ``rank_offset``
     (:class:`~rankmesh.errors.InvalidSizeError`; Megatron silently ignores it) or ranks past int32
-    (:class:`~rankmesh.LayoutOverflowError`, naming the degree whose running product, in argument
+    (:class:`~rankmesh.errors.LayoutOverflowError`, naming the degree whose running product, in argument
     order, overflows: ``tp`` for ``tp=2**64``; ``rank_offset`` when the degrees fit).
 
     Example (the order ``tp-dp-pp`` of Megatron's own docstring, 16 ranks)::

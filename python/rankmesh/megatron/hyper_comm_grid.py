@@ -59,15 +59,15 @@ class HyperCommGrid:
 
     On every rank of a job: ``dp_group = grid.create_pg("dp")``, later ``grid.get_pg("dp")``.
 
-    Errors: a shape and names of different lengths (:class:`~rankmesh.SizeMismatchError`, a
+    Errors: a shape and names of different lengths (:class:`~rankmesh.errors.SizeMismatchError`, a
     ``ValueError`` as in megatron-core), a negative ``rank_offset`` or a size < 1
-    (:class:`~rankmesh.InvalidSizeError`, a ``ValueError``), a grid larger than the world past
-    ``rank_offset`` and no ``WORLD_SIZE`` nor process group (:class:`~rankmesh.SizeMismatchError` /
+    (:class:`~rankmesh.errors.InvalidSizeError`, a ``ValueError``), a grid larger than the world past
+    ``rank_offset`` and no ``WORLD_SIZE`` nor process group (:class:`~rankmesh.errors.SizeMismatchError` /
     :class:`~rankmesh.DistributedStateError`, ``RuntimeError`` s as in megatron-core), unknown
-    or repeated names (:class:`~rankmesh.UnknownNameError`, :class:`~rankmesh.DuplicateNameError`,
+    or repeated names (:class:`~rankmesh.errors.UnknownNameError`, :class:`~rankmesh.errors.DuplicateNameError`,
     ``ValueError`` s), ``create_pg`` twice for the same dims
-    (:class:`~rankmesh.GroupExistsError`) and ``get_pg`` before ``create_pg``
-    (:class:`~rankmesh.GroupNotCreatedError`), both ``KeyError`` s as in megatron-core.
+    (:class:`~rankmesh.errors.GroupExistsError`) and ``get_pg`` before ``create_pg``
+    (:class:`~rankmesh.errors.GroupNotCreatedError`), both ``KeyError`` s as in megatron-core.
     """
 
     def __init__(
@@ -220,7 +220,7 @@ class HyperCommGrid:
         Every rank of the world must call it, in the same order, as with megatron-core's. The
         keywords are those megatron-core passes on to ``new_subgroups_by_enumeration`` (another
         is a ``TypeError``, as there); ``group_desc`` defaults to ``grid_<dims>``. Raises
-        :class:`~rankmesh.GroupExistsError` (a ``KeyError``) if the group of these dims was
+        :class:`~rankmesh.errors.GroupExistsError` (a ``KeyError``) if the group of these dims was
         created before.
         """
         ordered, key = self._order_dims(dims)

@@ -426,7 +426,7 @@ def model_parallel_layout(
     """The layouts of Megatron's ``initialize_model_parallel`` (same keyword names), with its checks.
 
     Nothing is communicated: this is pure layout work, identical on every rank. Raises
-    :class:`~rankmesh.SizeMismatchError` (a ``RuntimeError``, like Megatron; ``field`` is
+    :class:`~rankmesh.errors.SizeMismatchError` (a ``RuntimeError``, like Megatron; ``field`` is
     ``"world_size"``, ``value`` the world size) when ``world_size`` is not a multiple of tp*pp*cp
     or of expert_tp*ep*pp: rankmesh's one class for degrees that do not fit the world, in every
     convention. Raises :class:`~rankmesh.errors.ParallelConfigError` (a ``RuntimeError``, like
@@ -438,8 +438,8 @@ def model_parallel_layout(
     :func:`~rankmesh.megatron.working_order`'s, in ``e.ctx["works"]``, or None), when dp*cp or the
     expert dp is not a multiple of ``num_distributed_optimizer_instances``, and when the
     hierarchical cp sizes do not multiply to cp. A degree that is not an int raises
-    :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``) and one < 1
-    :class:`~rankmesh.InvalidSizeError`.
+    :class:`~rankmesh.errors.ArgumentTypeError` (a ``TypeError``) and one < 1
+    :class:`~rankmesh.errors.InvalidSizeError`.
 
     Example, Megatron's hierarchical context-parallel groups: cp = 4 over 8 ranks, split into
     levels of 2 and 2. On ranks 0-3 the cp group is ``[0, 1, 2, 3]``, on ranks 4-7

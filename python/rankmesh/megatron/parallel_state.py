@@ -169,10 +169,10 @@ def initialize_model_parallel(
     (and None back), after one ``RuntimeWarning``: its answers and its exceptions, never rankmesh's.
     That holds after ``parallel_state.initialize_model_parallel = rankmesh.megatron.initialize_model_parallel``
     too (:func:`megatron_own`). Errors, raised before any group
-    exists: :class:`~rankmesh.MegatronStateError`
+    exists: :class:`~rankmesh.errors.MegatronStateError`
     (torch.distributed not initialised, model parallelism already initialised; also an
-    ``AssertionError``), :class:`~rankmesh.ParallelConfigError` (a ``RuntimeError``, where
-    megatron-core raises one) and :class:`~rankmesh.MegatronConfigError` (also an
+    ``AssertionError``), :class:`~rankmesh.errors.ParallelConfigError` (a ``RuntimeError``, where
+    megatron-core raises one) and :class:`~rankmesh.errors.MegatronConfigError` (also an
     ``AssertionError``, where megatron-core asserts).
 
     Example (on every rank of a job, e.g. under torchrun)::

@@ -49,7 +49,7 @@ def resolve_degrees(
     fit the world, :class:`ParallelDimsOverflowError` (also a ``LayoutOverflowError``) for a world
     size, or a running product of the degrees in argument order, beyond
     :data:`~rankmesh.MAX_WORLD_SIZE` (naming the world size or the degree that overflows, checked
-    first), and :class:`~rankmesh.ArgumentTypeError` (a ``TypeError``) for a degree that is not
+    first), and :class:`~rankmesh.errors.ArgumentTypeError` (a ``TypeError``) for a degree that is not
     an int (:mod:`rankmesh._check`'s rule)."""
     deg = {
         "dp_replicate": as_int(dp_replicate, "dp_replicate"),

@@ -119,11 +119,11 @@ class ParallelDims:
     :class:`~rankmesh.errors.ParallelDimsError`, which is also an ``AssertionError`` (what
     torchtitan raises) and a ``ValueError``; degrees that do not multiply to ``world_size`` raise
     its subclass :class:`~rankmesh.errors.ParallelDimsSizeMismatchError`, also a
-    :class:`~rankmesh.SizeMismatchError` (rankmesh's one class for that fault in every
+    :class:`~rankmesh.errors.SizeMismatchError` (rankmesh's one class for that fault in every
     convention); a world size, or a running product of the degrees in argument order, beyond
     :data:`~rankmesh.MAX_WORLD_SIZE` raises :class:`~rankmesh.errors.ParallelDimsOverflowError`
     naming it (a ``LayoutOverflowError`` too). A degree that is not an int (bool, float, str)
-    raises :class:`~rankmesh.ArgumentTypeError`, a ``TypeError``.
+    raises :class:`~rankmesh.errors.ArgumentTypeError`, a ``TypeError``.
     """
 
     dp_replicate: int
@@ -280,10 +280,10 @@ class ParallelDims:
         """The mesh of one dim name or of several (in mesh order, inside one of the global
         meshes), or None when a named parallelism is disabled (size 1; efsdp: ep == 1).
         Builds the meshes on first use. Unknown names and combinations that no global mesh holds
-        raise :class:`~rankmesh.UnknownNameError`, a name given twice
-        :class:`~rankmesh.DuplicateNameError` (torch's slicing raises a ``RuntimeError`` for it:
+        raise :class:`~rankmesh.errors.UnknownNameError`, a name given twice
+        :class:`~rankmesh.errors.DuplicateNameError` (torch's slicing raises a ``RuntimeError`` for it:
         this is one too), each also a ``ValueError`` as in torchtitan; a name that is not a
-        ``str`` of UTF-8 text :class:`~rankmesh.ArgumentTypeError`."""
+        ``str`` of UTF-8 text :class:`~rankmesh.errors.ArgumentTypeError`."""
         if not self._meshes:
             self.build_mesh()
         one = isinstance(dims, str)
