@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: set-up, Rust tests, lint (cargo fmt, clippy, ruff;
+# The whole test suite, from a fresh machine: set-up, Rust tests, lint (cargo fmt, clippy, ruff check and format;
 # any finding fails the run), then pytest (unit, property tests against torch, fake-backend scale
 # tests, multi-process gloo via torchrun) on the newest and on the oldest supported torch, each
 # against rankmesh's abi3 wheel installed into that environment (scripts/setup.sh), not the
@@ -26,8 +26,9 @@ for v in ${RANKMESH_TORCH_VERSIONS:-2.15.0 2.13.0}; do
   RANKMESH_TORCH=$v bash scripts/setup.sh
   venv=$([ "$v" = "2.15.0" ] && echo .venv || echo ".venv-torch$v")
   if [ -z "$linted" ]; then
-    echo "== lint: ruff check (pyproject.toml: line length 120)"
+    echo "== lint: ruff check and ruff format --check (pyproject.toml: line length 120)"
     "$venv/bin/ruff" check .
+    "$venv/bin/ruff" format --check .
     linted=1
   fi
   echo "== pytest on torch $v (against the installed wheel: $(ls dist/rankmesh-*-abi3-*.whl))"

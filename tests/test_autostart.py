@@ -78,7 +78,10 @@ def test_rankmesh_run_sets_the_variable_for_the_command_and_its_children():
     code = "import os, subprocess, sys; subprocess.run([sys.executable, '-c', " + repr(PROBE) + "])"
     out = subprocess.run(
         [sys.executable, "-m", "rankmesh", "run", "--", sys.executable, "-c", code],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "rankmesh.devicemesh", out.stdout

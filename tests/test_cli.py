@@ -32,8 +32,24 @@ def run(capsys, *argv):
 
 
 def test_plan_torchtitan_default(capsys):
-    code, out, err = run(capsys, "plan", "--world-size", "131072", "--tp", "8", "--pp", "4", "--cp", "2",
-                         "--ep", "8", "--dp-replicate", "2", "--gpus-per-node", "8")
+    code, out, err = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "131072",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--cp",
+        "2",
+        "--ep",
+        "8",
+        "--dp-replicate",
+        "2",
+        "--gpus-per-node",
+        "8",
+    )
     assert code == 0 and err == ""
     assert "torchtitan convention, world of 131072 ranks, rank 0" in out
     assert "pp=4  dp_replicate=2  dp_shard=1024  cp=2  tp=8  ep=8  etp=1" in out
@@ -63,8 +79,24 @@ def test_plan_shows_the_callers_groups(capsys):
 def test_plan_megatron(capsys):
     from rankmesh.megatron import model_parallel_layout
 
-    code, out, _ = run(capsys, "plan", "--world-size", "4096", "--tp", "8", "--pp", "4", "--cp", "2",
-                       "--ep", "8", "--convention", "megatron", "--rank", "1234")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "4096",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--cp",
+        "2",
+        "--ep",
+        "8",
+        "--convention",
+        "megatron",
+        "--rank",
+        "1234",
+    )
     assert code == 0
     assert "tp=8  pp=4  cp=2  dp=64  ep=8  etp=8  edp=16" in out
     assert "decoder  [pp=4, dp=64, ep=1*, cp=2, tp=8]" in out
@@ -80,14 +112,33 @@ def test_plan_megatron(capsys):
 
 
 def test_plan_megatron_order_and_etp(capsys):
-    code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "2", "--pp", "2", "--ep", "4", "--etp", "1",
-                       "--convention", "megatron", "--order", "tp-cp-ep-dp-pp", "--rank", "5")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "64",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--ep",
+        "4",
+        "--etp",
+        "1",
+        "--convention",
+        "megatron",
+        "--order",
+        "tp-cp-ep-dp-pp",
+        "--rank",
+        "5",
+    )
     assert code == 0 and "etp=1" in out and "order = tp-cp-ep-dp-pp" in out
 
 
 def test_plan_single(capsys):
-    code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--convention", "single",
-                       "--rank", "13")
+    code, out, _ = run(
+        capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--convention", "single", "--rank", "13"
+    )
     assert code == 0
     assert "mesh  [pp=2, dp_shard=8, tp=4]" in out
     assert "mesh.tp        [12, 13, 14, 15] (4 ranks)" in out
@@ -190,24 +241,78 @@ def _is_png(path) -> bool:
 
 def test_picture_small_world(capsys, tmp_path):
     out_png = tmp_path / "small.png"
-    code, out, _ = run(capsys, "plan", "--world-size", "64", "--tp", "4", "--pp", "2", "--cp", "2",
-                       "--picture", str(out_png), "--dim", "dense.fsdp", "--rank", "13")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "64",
+        "--tp",
+        "4",
+        "--pp",
+        "2",
+        "--cp",
+        "2",
+        "--picture",
+        str(out_png),
+        "--dim",
+        "dense.fsdp",
+        "--rank",
+        "13",
+    )
     assert code == 0 and _is_png(out_png)
     assert "every rank coloured by its dense.fsdp group" in out
 
 
 def test_picture_large_world(capsys, tmp_path):
     out_png = tmp_path / "large.png"
-    code, out, _ = run(capsys, "plan", "--world-size", "131072", "--tp", "8", "--pp", "4", "--cp", "2",
-                       "--ep", "8", "--dp-replicate", "2", "--rank", "12345", "--picture", str(out_png))
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "131072",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--cp",
+        "2",
+        "--ep",
+        "8",
+        "--dp-replicate",
+        "2",
+        "--rank",
+        "12345",
+        "--picture",
+        str(out_png),
+    )
     assert code == 0 and _is_png(out_png)
     assert "rank 12345's node and its groups in the dataloading mesh" in out
 
 
 def test_picture_megatron_dim_lookup(capsys, tmp_path):
     out_png = tmp_path / "m.png"
-    code, out, _ = run(capsys, "plan", "--world-size", "128", "--tp", "2", "--pp", "2", "--cp", "2", "--ep", "4",
-                       "--etp", "1", "--convention", "megatron", "--picture", str(out_png), "--dim", "ep")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "128",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--cp",
+        "2",
+        "--ep",
+        "4",
+        "--etp",
+        "1",
+        "--convention",
+        "megatron",
+        "--picture",
+        str(out_png),
+        "--dim",
+        "ep",
+    )
     assert code == 0 and "expert.ep group" in out  # ep > 1 lives in the expert mesh
 
 
@@ -311,16 +416,22 @@ FLAG_ERRORS = [
     (W64 + ["--gpus-per-node", "6"], "6-GPU nodes; pass the real --gpus-per-node,", "gpus_per_node"),
     (W64 + ["--strict", "ep,bogus"], "family 'bogus' in --strict; choose from", "strict_dims"),
     (W64 + ["--order", "tp-xx", "--convention", "megatron"], "error: --order 'tp-xx' names 'xx'", "error: order"),
-    (W64 + ["--order", "tp-dp", "--pp", "2", "--convention", "megatron"], "the --order 'tp-dp' does not name",
-     "the order 'tp-dp'"),
+    (
+        W64 + ["--order", "tp-dp", "--pp", "2", "--convention", "megatron"],
+        "the --order 'tp-dp' does not name",
+        "the order 'tp-dp'",
+    ),
     (W64 + ["--order", "tp-dp-pp"], "error: --order does not apply to the torchtitan convention", "error: order"),
     (W64 + ["--dp-replicate", "2", "--convention", "megatron"], "error: --dp-replicate does not apply", "dp_replicate"),
     (W64 + ["--etp", "2", "--convention", "single"], "error: --etp does not apply", "error: etp"),
     (W64 + ["--cp", "2", "--convention", "single"], "has no cp dim (got --cp 2)", "cp=2"),
     (W64 + ["--tp", str(2**32)], f"error: --tp {2**32} overflows", f"tp = {2**32}"),
     (W64 + ["--mesh", "a=0:8", "--rank", "99"], "error: --rank 99 is out of range", "rank = "),
-    (W64 + ["--mesh", "a=0:8", "--mesh", "b=4:16"], "error: --mesh 'b=4:16': it shares rank 4 with --mesh 'a=0:8'",
-     "with mesh"),
+    (
+        W64 + ["--mesh", "a=0:8", "--mesh", "b=4:16"],
+        "error: --mesh 'b=4:16': it shares rank 4 with --mesh 'a=0:8'",
+        "with mesh",
+    ),
 ]
 
 
@@ -359,8 +470,12 @@ def test_flag_rendering_leaves_the_api_message_alone(capsys):
     """The API's errors keep their argument names: only ``rankmesh plan`` prints flags."""
     cases = [
         (lambda: build_plan("torchtitan", 64, tp=0), ["--tp", "0"], "tp = 0", "--tp 0"),
-        (lambda: model_parallel_layout(64, tensor_model_parallel_size=0), ["--tp", "0", "--convention", "megatron"],
-         "tensor_model_parallel_size must be >= 1", "--tp must be >= 1"),
+        (
+            lambda: model_parallel_layout(64, tensor_model_parallel_size=0),
+            ["--tp", "0", "--convention", "megatron"],
+            "tensor_model_parallel_size must be >= 1",
+            "--tp must be >= 1",
+        ),
         (lambda: as_rank(99, 64), ["--rank", "99"], "rank = 99 is out", "--rank 99 is out"),
         (lambda: positive_int(0, "world_size"), [], "world_size must be >= 1", "--world-size must be >= 1"),
     ]
@@ -390,8 +505,7 @@ def _topology(gpn, **kw):
 
 # (flag class, argv after ``plan --world-size 64``, $LOCAL_WORLD_SIZE, the API call refusing the same value)
 API_REFUSES = [
-    ("empty --order", ["--order", "", "--convention", "megatron"], None,
-     lambda: model_parallel_layout(64, order="")),
+    ("empty --order", ["--order", "", "--convention", "megatron"], None, lambda: model_parallel_layout(64, order="")),
     ("empty --order, torchtitan", ["--order", ""], None, lambda: build_plan("torchtitan", 64, order="")),
     ("LOCAL_WORLD_SIZE=''", [], "", gpus_per_node_from_env),
     ("LOCAL_WORLD_SIZE=abc", [], "abc", gpus_per_node_from_env),
@@ -400,16 +514,28 @@ API_REFUSES = [
     ("LOCAL_WORLD_SIZE not dividing", [], "6", lambda: _topology(None)),
     ("zero --world-size", None, None, lambda: positive_int(0, "world_size")),
     ("zero degree, torchtitan", ["--tp", "0"], None, lambda: build_plan("torchtitan", 64, tp=0)),
-    ("zero degree, megatron", ["--ep", "0", "--convention", "megatron"], None,
-     lambda: model_parallel_layout(64, expert_model_parallel_size=0)),
+    (
+        "zero degree, megatron",
+        ["--ep", "0", "--convention", "megatron"],
+        None,
+        lambda: model_parallel_layout(64, expert_model_parallel_size=0),
+    ),
     ("zero degree, single", ["--pp", "0", "--convention", "single"], None, lambda: single_mesh(64, pp=0)),
     ("negative --dp-shard", ["--dp-shard", "-2"], None, lambda: build_plan("torchtitan", 64, dp_shard=-2)),
     ("--ep not dividing", ["--ep", "3"], None, lambda: build_plan("torchtitan", 64, ep=3)),
-    ("--etp vs --tp", ["--tp", "4", "--ep", "2", "--etp", "2"], None,
-     lambda: build_plan("torchtitan", 64, tp=4, ep=2, etp=2)),
+    (
+        "--etp vs --tp",
+        ["--tp", "4", "--ep", "2", "--etp", "2"],
+        None,
+        lambda: build_plan("torchtitan", 64, tp=4, ep=2, etp=2),
+    ),
     ("--cp for single", ["--cp", "2", "--convention", "single"], None, lambda: single_mesh(64, cp=2)),
-    ("--dp-shard for megatron", ["--dp-shard", "-1", "--convention", "megatron"], None,
-     lambda: build_plan("megatron", 64, dp_shard=-1)),
+    (
+        "--dp-shard for megatron",
+        ["--dp-shard", "-1", "--convention", "megatron"],
+        None,
+        lambda: build_plan("megatron", 64, dp_shard=-1),
+    ),
     ("out-of-range --rank", ["--rank", "64"], None, lambda: as_rank(64, 64)),
     ("negative --rank", ["--rank", "-1"], None, lambda: as_rank(-1, 64)),
     ("zero --gpus-per-node", ["--gpus-per-node", "0"], None, lambda: positive_int(0, "gpus_per_node")),
@@ -441,9 +567,19 @@ def test_flags_the_api_refuses_give_the_apis_error(capsys, monkeypatch, tmp_path
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(tp=0), dict(pp=-1), dict(cp=0), dict(ep=0), dict(etp=0), dict(dp_replicate=0),
-        dict(dp_shard=0), dict(dp_shard=-2), dict(dp_shard=4), dict(tp=128), dict(tp=4, ep=2, etp=2),
-        dict(ep=3), dict(tp=2, ep=4, etp=2, dp_shard=4),
+        dict(tp=0),
+        dict(pp=-1),
+        dict(cp=0),
+        dict(ep=0),
+        dict(etp=0),
+        dict(dp_replicate=0),
+        dict(dp_shard=0),
+        dict(dp_shard=-2),
+        dict(dp_shard=4),
+        dict(tp=128),
+        dict(tp=4, ep=2, etp=2),
+        dict(ep=3),
+        dict(tp=2, ep=4, etp=2, dp_shard=4),
     ],
     ids=repr,
 )
@@ -574,14 +710,20 @@ def test_python_dash_m_rankmesh():
     env.pop("LOCAL_WORLD_SIZE", None)
     proc = subprocess.run(
         [sys.executable, "-m", "rankmesh", "plan", "--world-size", "1024", "--tp", "8", "--pp", "2", "--rank", "77"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     assert "rank 77's groups" in proc.stdout and "dense.tp" in proc.stdout
     assert "[72, 73, ..., 79] (8 ranks)" in proc.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "rankmesh", "plan", "--world-size", "0"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert bad.returncode == 2 and "fix:" in bad.stderr
 

@@ -77,8 +77,18 @@ def test_kd_job_seen_from_a_student(capsys):
 
 def test_kd_job_at_131072_ranks_is_fast(capsys):
     t0 = time.perf_counter()
-    code, out, _ = run(capsys, "plan", "--world-size", "131072", "--mesh", "students=0:65536:dp=-1,tp=8",
-                       "--mesh", "teachers=65536:131072:pp=4,dp=-1,tp=8", "--rank", "70000")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "131072",
+        "--mesh",
+        "students=0:65536:dp=-1,tp=8",
+        "--mesh",
+        "teachers=65536:131072:pp=4,dp=-1,tp=8",
+        "--rank",
+        "70000",
+    )
     elapsed = time.perf_counter() - t0
     assert code == 0
     assert "  students  ranks 0..65535       [dp=8192, tp=8]        rank 70000 is not a member: 2 placeholders" in out
@@ -90,16 +100,38 @@ def test_kd_job_at_131072_ranks_is_fast(capsys):
     assert "process groups on rank 70000: 5 (3 real + 2 fake)" in out
     assert elapsed < 20, elapsed  # ~0.1 s; generous for a loaded 2-core machine
 
-    code, out, _ = run(capsys, "plan", "--world-size", "131072", "--mesh", "students=0:65536:dp=-1,tp=8",
-                       "--mesh", "teachers=65536:131072:pp=4,dp=-1,tp=8", "--rank", "5")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "131072",
+        "--mesh",
+        "students=0:65536:dp=-1,tp=8",
+        "--mesh",
+        "teachers=65536:131072:pp=4,dp=-1,tp=8",
+        "--rank",
+        "5",
+    )
     assert code == 0 and "rank 5 is in students, at dp=0, tp=5\n" in out
     assert "  students.dp  [5, 13, ..., 65533] (8192 ranks)\n" in out
     assert "  teachers     - (not a member: its ranks are 65536..131071)\n" in out
 
 
 def test_a_rank_in_no_mesh_and_strided_meshes(capsys):
-    code, out, _ = run(capsys, "plan", "--world-size", "32", "--mesh", "actor=0:16:2:dp=2,tp=4",
-                       "--mesh", "critic=1:16:2", "--mesh", "reward=24:32:tp=-1", "--rank", "20")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "32",
+        "--mesh",
+        "actor=0:16:2:dp=2,tp=4",
+        "--mesh",
+        "critic=1:16:2",
+        "--mesh",
+        "reward=24:32:tp=-1",
+        "--rank",
+        "20",
+    )
     assert code == 0
     assert "  actor   ranks 0..14 step 2  [dp=2, tp=4]" in out
     assert "  critic  ranks 1..15 step 2  [world=8]" in out  # no dims: the 1-D mesh "world"
@@ -108,8 +140,18 @@ def test_a_rank_in_no_mesh_and_strided_meshes(capsys):
     assert "rank 20 is in no mesh\n" in out
     assert "process groups on rank 20: 4 (0 real + 4 fake)" in out  # placeholders only
     assert "topology: 4 node(s) of 8 GPUs; rank 20 is on node 2\n" in out
-    code, out, _ = run(capsys, "plan", "--world-size", "32", "--mesh", "actor=0:16:2:dp=2,tp=4",
-                       "--mesh", "critic=1:16:2", "--rank", "5")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "32",
+        "--mesh",
+        "actor=0:16:2:dp=2,tp=4",
+        "--mesh",
+        "critic=1:16:2",
+        "--rank",
+        "5",
+    )
     assert code == 0 and "rank 5 is in critic, at world=2\n" in out
     assert "  critic.world  [1, 3, ..., 15] (8 ranks)\n" in out
 
@@ -127,10 +169,16 @@ def test_a_size_one_dim_is_fake_and_a_whole_world_dim_is_the_default_group(capsy
 @pytest.mark.parametrize(
     "world, specs, oracle",
     [
-        (16, ["students=0:8:dp=2,tp=4", "teachers=8:16:dp=4,tp=2"],
-         {"students": (range(0, 8), (2, 4)), "teachers": (range(8, 16), (4, 2))}),
-        (48, ["a=0:24:2:pp=2,dp=-1,tp=3", "b=1:24:2:dp=4,tp=3", "c=30:46:cp=2,dp=2,tp=4"],
-         {"a": (range(0, 24, 2), (2, 2, 3)), "b": (range(1, 24, 2), (4, 3)), "c": (range(30, 46), (2, 2, 4))}),
+        (
+            16,
+            ["students=0:8:dp=2,tp=4", "teachers=8:16:dp=4,tp=2"],
+            {"students": (range(0, 8), (2, 4)), "teachers": (range(8, 16), (4, 2))},
+        ),
+        (
+            48,
+            ["a=0:24:2:pp=2,dp=-1,tp=3", "b=1:24:2:dp=4,tp=3", "c=30:46:cp=2,dp=2,tp=4"],
+            {"a": (range(0, 24, 2), (2, 2, 3)), "b": (range(1, 24, 2), (4, 3)), "c": (range(30, 46), (2, 2, 4))},
+        ),
     ],
 )
 def test_groups_are_those_of_the_reshaped_ranks(world, specs, oracle):
@@ -200,11 +248,17 @@ W16 = ["plan", "--world-size", "16"]
 
 # (argv after ``plan --world-size 16``, text of the error line, the API's error class or None)
 BAD = [
-    (["--mesh", "students=0:20:dp=2,tp=10"], "--mesh 'students=0:20:dp=2,tp=10': it reaches rank 19, outside the "
-     "world of 16 ranks (0..15)", RankOutOfRangeError),
+    (
+        ["--mesh", "students=0:20:dp=2,tp=10"],
+        "--mesh 'students=0:20:dp=2,tp=10': it reaches rank 19, outside the world of 16 ranks (0..15)",
+        RankOutOfRangeError,
+    ),
     (["--mesh", "students=-2:6"], "it starts at -2, outside the world", RankOutOfRangeError),
-    (["--mesh", "students=0:10", "--mesh", "teachers=8:16"], "--mesh 'teachers=8:16': it shares rank 8 with "
-     "--mesh 'students=0:10' (0..9); the meshes of a job are disjoint", MeshArgumentError),
+    (
+        ["--mesh", "students=0:10", "--mesh", "teachers=8:16"],
+        "--mesh 'teachers=8:16': it shares rank 8 with --mesh 'students=0:10' (0..9); the meshes of a job are disjoint",
+        MeshArgumentError,
+    ),
     (["--mesh", "a=0:16:2", "--mesh", "b=4:12:4"], "it shares rank 4 with --mesh 'a=0:16:2'", MeshArgumentError),
     (["--mesh", "a=0:16:3", "--mesh", "b=1:16:5"], "it shares rank 6", MeshArgumentError),
     (["--mesh", "students=0:8:dp=2,tp=3"], "dp*tp = 2*3 = 6 is not its 8 ranks (0..7)", SizeMismatchError),
@@ -229,8 +283,11 @@ BAD = [
     (["--mesh", "a=0:8", "--convention", "single"], "--convention does not apply with --mesh", None),
     (["--mesh", "a=0:8", "--order", "tp-dp"], "--order does not apply with --mesh", None),
     (["--mesh", "a=0:8", "--strict"], "--strict does not apply with --mesh", None),
-    (["--mesh", "a=0:8:dp=2,tp=4", "--picture", "x.png", "--dim", "pp"], "'pp' is not a dim of the job's meshes",
-     UnknownNameError),
+    (
+        ["--mesh", "a=0:8:dp=2,tp=4", "--picture", "x.png", "--dim", "pp"],
+        "'pp' is not a dim of the job's meshes",
+        UnknownNameError,
+    ),
     (["--mesh", "a=0:8", "--dim", "tp"], "--dim only chooses", None),
     (["--mesh", "a=0:8", "--gpus-per-node", "6"], "whole number of 6-GPU nodes", None),
     (["--mesh", "a=0:8", "--rank", "16"], "--rank 16 is out of range", None),
@@ -288,8 +345,20 @@ def test_picture_of_a_small_job(capsys, tmp_path):
 def test_picture_of_a_large_job(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "big.svg"
-    code, out, _ = run(capsys, "plan", "--world-size", "131072", "--mesh", "students=0:65536:2:dp=-1,tp=8",
-                       "--mesh", "teachers=1:65536:2", "--rank", "3", "--picture", str(path))
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--world-size",
+        "131072",
+        "--mesh",
+        "students=0:65536:2:dp=-1,tp=8",
+        "--mesh",
+        "teachers=1:65536:2",
+        "--rank",
+        "3",
+        "--picture",
+        str(path),
+    )
     assert code == 0 and path.read_text().lstrip().startswith("<?xml")
     assert "a lane per mesh over the world's ranks" in out
 

@@ -66,7 +66,7 @@ def _set(argv: list[str], flag: str, value: str | None, named: str | None) -> li
     if value is None:  # drop the flag and its value (--strict may have none)
         i = has_value[0]
         takes = i + 1 < len(out) and not out[i + 1].startswith("--")
-        return out[:i] + out[i + 1 + takes:]
+        return out[:i] + out[i + 1 + takes :]
     if flag == "--mesh":
         label = value.partition("=")[0]
         same = [i for i in has_value if out[i + 1].partition("=")[0] == label]
@@ -97,8 +97,12 @@ def fixed_commands(argv: list[str], err: str) -> list[list[str]]:
             meant = {next(t for t in unknown if t.startswith("--")).partition("=")[0]: said}
         dropped = fix.split("drop ", 1)[1].split(";")[0].split() if "drop " in fix else []
         out = [t for t in argv if t not in dropped]
-        out = [meant.get(t.partition("=")[0], t.partition("=")[0]) + ("=" + t.partition("=")[2] if "=" in t else "")
-               if t.startswith("--") else t for t in out]
+        out = [
+            meant.get(t.partition("=")[0], t.partition("=")[0]) + ("=" + t.partition("=")[2] if "=" in t else "")
+            if t.startswith("--")
+            else t
+            for t in out
+        ]
         return [out]
     named = line.split("--mesh '", 1)[1].split("'")[0] if "--mesh '" in line else None
     commands = []
@@ -172,10 +176,27 @@ BAD = [
     (W64 + ["--order", "tp-xp-pp", "--convention", "megatron"], None),
     (W64 + ["--order", "tp-dp", "--pp", "2", "--convention", "megatron"], None),
     (W64 + ["--order", "", "--convention", "megatron"], None),
-    (["--world-size", "16", "--tp", "2", "--pp", "2", "--ep", "4", "--order", "tp-pp-dp", "--convention", "megatron"],
-     None),
-    (["--world-size", "16", "--tp", "2", "--pp", "2", "--ep", "3", "--order", "tp-dp", "--convention", "megatron"],
-     None),
+    (
+        [
+            "--world-size",
+            "16",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--ep",
+            "4",
+            "--order",
+            "tp-pp-dp",
+            "--convention",
+            "megatron",
+        ],
+        None,
+    ),
+    (
+        ["--world-size", "16", "--tp", "2", "--pp", "2", "--ep", "3", "--order", "tp-dp", "--convention", "megatron"],
+        None,
+    ),
     # the single mesh's
     (W64 + ["--tp", "0", "--convention", "single"], None),
     (W64 + ["--tp", "7", "--convention", "single"], None),
@@ -268,20 +289,41 @@ def test_following_the_first_fix_ends_in_a_plan(capsys, where, argv, env):
 @pytest.mark.parametrize(
     "argv, says, fix",
     [
-        (["--world-size", "131072", "--tp", "7"], "--tp 7 does not divide --world-size 131072",
-         "use --tp 8 or --tp 4 (divisors of 131072)"),
-        (["--world-size", "131072", "--dp-replicate", "3"], "--dp-replicate 3 does not divide --world-size 131072",
-         "use --dp-replicate 2 or --dp-replicate 4 (divisors of 131072)"),
-        (["--world-size", "131072", "--tp", "7", "--pp", "4"], "--tp 7 does not divide the 32768 ranks",
-         "use --tp 8 or --tp 4 (divisors of 32768)"),
-        (["--world-size", "64", "--tp", "7", "--convention", "megatron"], "(--tp 7 does not divide it)",
-         "use --tp 8 or --tp 4 (divisors of 64)"),
-        (["--world-size", "64", "--tp", "7", "--convention", "single"], "--tp 7 does not divide --world-size",
-         "use --tp 8 or --tp 4 (divisors of 64)"),
-        (["--world-size", "16", "--mesh", "students=0:8:dp=3,tp=4"], "dp*tp = 3*4 = 12 is not its 8 ranks",
-         "give it 12 ranks: --mesh students=0:12:dp=3,tp=4"),
-        (["--world-size", "16", "--mesh", "students=0:8:dp=2,sp=4"], "the accepted names are pp, dp,",
-         "did you mean cp? e.g. --mesh students=0:8:dp=2,cp=4"),
+        (
+            ["--world-size", "131072", "--tp", "7"],
+            "--tp 7 does not divide --world-size 131072",
+            "use --tp 8 or --tp 4 (divisors of 131072)",
+        ),
+        (
+            ["--world-size", "131072", "--dp-replicate", "3"],
+            "--dp-replicate 3 does not divide --world-size 131072",
+            "use --dp-replicate 2 or --dp-replicate 4 (divisors of 131072)",
+        ),
+        (
+            ["--world-size", "131072", "--tp", "7", "--pp", "4"],
+            "--tp 7 does not divide the 32768 ranks",
+            "use --tp 8 or --tp 4 (divisors of 32768)",
+        ),
+        (
+            ["--world-size", "64", "--tp", "7", "--convention", "megatron"],
+            "(--tp 7 does not divide it)",
+            "use --tp 8 or --tp 4 (divisors of 64)",
+        ),
+        (
+            ["--world-size", "64", "--tp", "7", "--convention", "single"],
+            "--tp 7 does not divide --world-size",
+            "use --tp 8 or --tp 4 (divisors of 64)",
+        ),
+        (
+            ["--world-size", "16", "--mesh", "students=0:8:dp=3,tp=4"],
+            "dp*tp = 3*4 = 12 is not its 8 ranks",
+            "give it 12 ranks: --mesh students=0:12:dp=3,tp=4",
+        ),
+        (
+            ["--world-size", "16", "--mesh", "students=0:8:dp=2,sp=4"],
+            "the accepted names are pp, dp,",
+            "did you mean cp? e.g. --mesh students=0:8:dp=2,cp=4",
+        ),
     ],
 )
 def test_the_error_names_the_argument_at_fault_and_the_fix_values_that_work(capsys, where, argv, says, fix):

@@ -204,15 +204,22 @@ def test_fingerprint_is_stable_across_processes():
     (The script rebuilds the layouts from this module's source, without importing torch.)"""
     here = [[m.fingerprint(), hash(m)] for m in example_layouts()]
     assert len({f for f, _ in here}) == len(here)
-    script = "\n".join([
-        "import json", "import numpy as np", "from rankmesh import MeshLayout",
-        f"REVERSED_8 = {REVERSED_8!r}", inspect.getsource(dp_tp), inspect.getsource(example_layouts),
-        "print(json.dumps([[m.fingerprint(), hash(m)] for m in example_layouts()]))",
-    ])
+    script = "\n".join(
+        [
+            "import json",
+            "import numpy as np",
+            "from rankmesh import MeshLayout",
+            f"REVERSED_8 = {REVERSED_8!r}",
+            inspect.getsource(dp_tp),
+            inspect.getsource(example_layouts),
+            "print(json.dumps([[m.fingerprint(), hash(m)] for m in example_layouts()]))",
+        ]
+    )
     for seed in ["0", "4242"]:
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                             check=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True, timeout=120
+        )
         assert json.loads(out.stdout) == here, seed
 
 
@@ -280,8 +287,7 @@ def test_million_rank_smoke():
         np.add.at(seen, flat.ravel(), 1)
         assert (seen == 1).all(), key
         # torch's own layout code, fed our modes, gives the same groups
-        axes = [_FlatLayout(*zip(*sub.modes(d))) if sub.modes(d) else _FlatLayout((1,), (1,))
-                for d in range(sub.ndim)]
+        axes = [_FlatLayout(*zip(*sub.modes(d))) if sub.modes(d) else _FlatLayout((1,), (1,)) for d in range(sub.ndim)]
         np.testing.assert_array_equal(g, _MeshLayout(axes).remap_to_tensor(rank_map).numpy())
         row_of = np.empty(w, dtype=np.int64)
         row_of[flat] = np.arange(flat.shape[0])[:, None]

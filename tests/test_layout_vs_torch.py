@@ -217,8 +217,9 @@ def draw_subset(data, n: int, gap: bool = False) -> list[int]:
     dim between two chosen ones, so flattening it gives a dim with non-uniform strides."""
     mask = data.draw(st.lists(st.booleans(), min_size=n, max_size=n), label="mask")
     if gap and n >= 3:
-        i, g, j = sorted(data.draw(st.lists(st.integers(0, n - 1), min_size=3, max_size=3, unique=True),
-                                   label="i<gap<j"))
+        i, g, j = sorted(
+            data.draw(st.lists(st.integers(0, n - 1), min_size=3, max_size=3, unique=True), label="i<gap<j")
+        )
         mask[i], mask[g], mask[j] = True, False, True
     if not any(mask):
         mask[data.draw(st.integers(0, n - 1), label="only")] = True
@@ -234,8 +235,7 @@ class Namer:
         return f"n{self.i}"
 
 
-def do_unflatten(data, p: Pair, namer: Namer, d: int | None = None, ones: bool = True,
-                 min_parts: int = 1) -> Pair:
+def do_unflatten(data, p: Pair, namer: Namer, d: int | None = None, ones: bool = True, min_parts: int = 1) -> Pair:
     """Unflattens a random dim on both sides; checks that torch rejects iff we do."""
     if d is None:
         d = data.draw(st.integers(0, p.ours.ndim - 1), label="dim")
@@ -294,8 +294,9 @@ def test_random_op_sequences_match_torch(world, data):
     p = do_unflatten(data, p, namer, d=0, min_parts=data.draw(st.integers(1, 4), label="min parts"))
     check_pair(p, ranks)
     ops = data.draw(
-        st.lists(st.sampled_from(["unflatten", "unflatten", "slice", "flatten", "slice+flatten"]),
-                 min_size=1, max_size=7),
+        st.lists(
+            st.sampled_from(["unflatten", "unflatten", "slice", "flatten", "slice+flatten"]), min_size=1, max_size=7
+        ),
         label="ops",
     )
     for op in ops:
@@ -336,13 +337,24 @@ def test_torch_rejects_what_we_reject_examples():
     """Hand-picked splits of (4,3):(6,1) = dims a, c of a (4,2,3) world of 24."""
     namer = Namer()
     p = new_pair(24, seed=7)
-    p = Pair(p.ours.unflatten(0, (4, 2, 3), ("a", "b", "c")),
-             torch_unflatten(p.theirs, 0, [4, 2, 3]), ["a", "b", "c"], p.rank_map)
-    p = Pair(p.ours["a", "c"].flatten("ac"), torch_flatten(_MeshLayout([p.theirs[0], p.theirs[2]])),
-             ["ac"], p.rank_map)
+    p = Pair(
+        p.ours.unflatten(0, (4, 2, 3), ("a", "b", "c")),
+        torch_unflatten(p.theirs, 0, [4, 2, 3]),
+        ["a", "b", "c"],
+        p.rank_map,
+    )
+    p = Pair(p.ours["a", "c"].flatten("ac"), torch_flatten(_MeshLayout([p.theirs[0], p.theirs[2]])), ["ac"], p.rank_map)
     assert p.ours.modes("ac") == [(4, 6), (3, 1)]
-    for sizes, ok in [((2, 6), True), ((4, 3), True), ((1, 12), True), ((12, 1), True),
-                      ((2, 2, 3), True), ((3, 4), False), ((6, 2), False), ((2, 3, 2), False)]:
+    for sizes, ok in [
+        ((2, 6), True),
+        ((4, 3), True),
+        ((1, 12), True),
+        ((12, 1), True),
+        ((2, 2, 3), True),
+        ((3, 4), False),
+        ((6, 2), False),
+        ((2, 3, 2), False),
+    ]:
         names = [namer() for _ in sizes]
         theirs = torch_unflatten(p.theirs, 0, list(sizes))
         assert (theirs is not None) == ok, sizes
@@ -414,8 +426,12 @@ def test_size_one_everywhere(world_size):
     p = Pair(p.ours.unflatten(0, (1, world_size, 1), ("a", "b", "c")), theirs, ["a", "b", "c"], p.rank_map)
     check_pair(p, list(range(world_size)))
     assert p.ours.modes("a") == [] and p.ours.modes("c") == []
-    q = Pair(p.ours.unflatten("c", (1, 1), ("c1", "c2")), torch_unflatten(p.theirs, 2, [1, 1]),
-             ["a", "b", "c1", "c2"], p.rank_map)
+    q = Pair(
+        p.ours.unflatten("c", (1, 1), ("c1", "c2")),
+        torch_unflatten(p.theirs, 2, [1, 1]),
+        ["a", "b", "c1", "c2"],
+        p.rank_map,
+    )
     check_pair(q, list(range(world_size)))
     r = Pair(q.ours["a", "c2"], torch_slice(q.theirs, [0, 3]), ["a", "c2"], p.rank_map)
     check_pair(r, list(range(world_size)))

@@ -141,19 +141,36 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
     assert m[tuple(fix)].names == ("a", "c")
     # RankGenerator: a dim of size > 1 missing from the order, every order and every dim
     for order in ("tp-dp", "dp-tp", "pp-tp", "tp-pp", "dp"):
-        e = expect(lambda: RankGenerator(tp=2, ep=2, dp=2, pp=2, cp=1, order=order), ParallelConfigError, "order",
-                   order)
+        e = expect(
+            lambda: RankGenerator(tp=2, ep=2, dp=2, pp=2, cp=1, order=order), ParallelConfigError, "order", order
+        )
         fix = _suggested(str(e), r"e\.g\. ('[a-z-]+')")
         assert RankGenerator(tp=2, ep=2, dp=2, pp=2, cp=1, order=fix).order.startswith(fix)
     # model_parallel_layout: a hint from its generators is proved against the whole call, and
     # so are its own "put pp last" hints
     cases = [
-        dict(world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2,
-             order="tp-dp-pp"),  # cp missing: it goes in before pp
-        dict(world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-             expert_model_parallel_size=4, order="tp-pp-ep-dp"),  # dp sizes differ: pp goes last
-        dict(world_size=32, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-             expert_model_parallel_size=2, expert_tensor_parallel_size=1, order="tp-pp-ep-dp"),
+        dict(
+            world_size=16,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            context_parallel_size=2,
+            order="tp-dp-pp",
+        ),  # cp missing: it goes in before pp
+        dict(
+            world_size=16,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=4,
+            order="tp-pp-ep-dp",
+        ),  # dp sizes differ: pp goes last
+        dict(
+            world_size=32,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=1,
+            order="tp-pp-ep-dp",
+        ),
     ]
     for kw in cases:
         order = kw["order"]
@@ -163,8 +180,13 @@ def test_2_every_suggested_order_is_applied_and_works(capsys):
         fix = _suggested(str(ei.value), r"e\.g\. (?:order=)?('[a-z-]+')")
         assert model_parallel_layout(**{**kw, "order": fix}).order.startswith(fix)
     # where no order works, the message says so (and suggests none)
-    hopeless = dict(world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                    expert_model_parallel_size=4, num_distributed_optimizer_instances=3)
+    hopeless = dict(
+        world_size=16,
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        expert_model_parallel_size=4,
+        num_distributed_optimizer_instances=3,
+    )
     for order, cls in (("tp-pp-ep-dp", MegatronConfigError), ("tp-ep-dp", ParallelConfigError)):
         e = expect(lambda: model_parallel_layout(**hopeless, order=order), cls, "order", order)
         assert "no order" in str(e) and "e.g." not in str(e), str(e)
@@ -209,19 +231,42 @@ def megatron_calls(draw):
     tp, pp, cp, ep = (draw(st.sampled_from([1, 1, 2, 3, 4])) for _ in range(4))
     fits = draw(st.integers(0, 5))  # mostly a world the dense degrees divide, often the expert ones too
     world_size = tp * pp * cp * draw(st.sampled_from([1, 2, 4, 6])) if fits else draw(st.integers(1, 48))
-    kw = dict(world_size=world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=draw(st.sampled_from([None, 1, 2])),
-              num_distributed_optimizer_instances=draw(st.sampled_from([1, 1, 1, 2, 3])),
-              hierarchical_context_parallel_sizes=draw(st.sampled_from([None, None, [cp], [1, cp], [2], [0, cp]])),
-              world=draw(st.sampled_from([None, None, MeshLayout.world(world_size),
-                                          MeshLayout.world(world_size, rank_map=list(range(world_size))[::-1]),
-                                          MeshLayout.world(world_size + 1)])))
+    kw = dict(
+        world_size=world_size,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        etp=draw(st.sampled_from([None, 1, 2])),
+        num_distributed_optimizer_instances=draw(st.sampled_from([1, 1, 1, 2, 3])),
+        hierarchical_context_parallel_sizes=draw(st.sampled_from([None, None, [cp], [1, cp], [2], [0, cp]])),
+        world=draw(
+            st.sampled_from(
+                [
+                    None,
+                    None,
+                    MeshLayout.world(world_size),
+                    MeshLayout.world(world_size, rank_map=list(range(world_size))[::-1]),
+                    MeshLayout.world(world_size + 1),
+                ]
+            )
+        ),
+    )
     return kw, draw(st.lists(orders, max_size=4))
 
 
 def _layout(kw: dict, order):
     return lambda: model_parallel_layout(
-        kw["world_size"], kw["tp"], kw["pp"], kw["cp"], kw["ep"], kw["etp"], order,
-        kw["num_distributed_optimizer_instances"], kw["hierarchical_context_parallel_sizes"], world=kw["world"],
+        kw["world_size"],
+        kw["tp"],
+        kw["pp"],
+        kw["cp"],
+        kw["ep"],
+        kw["etp"],
+        order,
+        kw["num_distributed_optimizer_instances"],
+        kw["hierarchical_context_parallel_sizes"],
+        world=kw["world"],
     )
 
 
@@ -243,8 +288,11 @@ def test_2_working_order_is_the_first_candidate_model_parallel_layout_builds_wit
 def test_2_working_order_of_one_rank_generator_is_the_first_it_builds_with(degrees, candidates, world):
     tp, ep, dp, pp, cp = degrees
     n = tp * ep * dp * pp * cp
-    world = {"fits": MeshLayout.world(n), "mapped": MeshLayout.world(n, rank_map=list(range(n))[::-1]),
-             7: MeshLayout.world(n + 7)}.get(world)
+    world = {
+        "fits": MeshLayout.world(n),
+        "mapped": MeshLayout.world(n, rank_map=list(range(n))[::-1]),
+        7: MeshLayout.world(n + 7),
+    }.get(world)
     for order in candidates:
         builds = _builds(lambda: RankGenerator(tp, ep, dp, pp, cp, order, world=world))
         assert (order_module.order_problem(order, tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, world=world) is None) == builds
@@ -315,8 +363,12 @@ def test_2_every_order_error_carries_the_order_that_works():
     seen = set()
     for world_size, tp, pp, ep, etp in itertools.product((8, 12, 16, 32), (1, 2), (1, 2, 4), (1, 2, 3, 4), (None, 1)):
         for order in ("tp-dp", "tp-pp-dp", "tp-pp-ep-dp", "dp-pp-tp-ep", "tp-dp-pp", "pp"):
-            kw = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
-                      expert_tensor_parallel_size=etp)
+            kw = dict(
+                tensor_model_parallel_size=tp,
+                pipeline_model_parallel_size=pp,
+                expert_model_parallel_size=ep,
+                expert_tensor_parallel_size=etp,
+            )
             try:
                 model_parallel_layout(world_size, order=order, **kw)
             except RankmeshError as e:
@@ -374,11 +426,19 @@ def test_3_unknown_dim_names_are_unknown_name_errors_everywhere(small_world, cap
     # megatron-core ignores an unknown high-priority group; rankmesh refuses it before any group
     from rankmesh.megatron import initialize_model_parallel
 
-    expect(lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=["dp_cp", "bogus"]),
-           UnknownNameError, "high_priority_stream_groups", "bogus")
+    expect(
+        lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=["dp_cp", "bogus"]),
+        UnknownNameError,
+        "high_priority_stream_groups",
+        "bogus",
+    )
     for text in ("dp", ""):  # a str is a list with its brackets missing, even an empty one
-        e = expect(lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=text),
-                   ArgumentTypeError, "high_priority_stream_groups", text)
+        e = expect(
+            lambda: initialize_model_parallel(2, 2, high_priority_stream_groups=text),
+            ArgumentTypeError,
+            "high_priority_stream_groups",
+            text,
+        )
         assert f"write [{text!r}]" in str(e)
     # the command line: --strict with a family that does not exist
     assert cli_main(["plan", "--world-size", "64", "--strict", "ep,bogus"]) == 2
@@ -455,24 +515,42 @@ def test_5_every_overflow_names_the_degree_that_overflows_the_running_product(mo
     places = [
         # the core, the model every convention follows
         (lambda: MeshLayout.world(big), LayoutOverflowError, "world_size", big),
-        (lambda: MeshLayout.world(8).unflatten(0, (2, over, 4), ("a", "b", "c")), LayoutOverflowError, "sizes[1]",
-         over),
+        (
+            lambda: MeshLayout.world(8).unflatten(0, (2, over, 4), ("a", "b", "c")),
+            LayoutOverflowError,
+            "sizes[1]",
+            over,
+        ),
         # megatron's RankGenerator: the case, a degree in the middle, then rank_offset
-        (lambda: RankGenerator(tp=big, ep=1, dp=1, pp=1, cp=1, order="tp-dp-pp-ep-cp"), LayoutOverflowError, "tp",
-         big),
+        (lambda: RankGenerator(tp=big, ep=1, dp=1, pp=1, cp=1, order="tp-dp-pp-ep-cp"), LayoutOverflowError, "tp", big),
         (lambda: RankGenerator(tp=2, ep=1, dp=2**29, pp=2, cp=1, order="tp-dp-pp"), LayoutOverflowError, "pp", 2),
-        (lambda: RankGenerator(2, 1, 2, 1, 1, "tp-dp", rank_offset=over - 3), LayoutOverflowError, "rank_offset",
-         over - 3),
+        (
+            lambda: RankGenerator(2, 1, 2, 1, 1, "tp-dp", rank_offset=over - 3),
+            LayoutOverflowError,
+            "rank_offset",
+            over - 3,
+        ),
         # model_parallel_layout
         (lambda: model_parallel_layout(big), LayoutOverflowError, "world_size", big),
-        (lambda: model_parallel_layout(8, tensor_model_parallel_size=big), LayoutOverflowError,
-         "tensor_model_parallel_size", big),
-        (lambda: model_parallel_layout(8, 2**16, 2**16), LayoutOverflowError, "pipeline_model_parallel_size",
-         2**16),
-        (lambda: model_parallel_layout(8, expert_tensor_parallel_size=big), LayoutOverflowError,
-         "expert_tensor_parallel_size", big),
-        (lambda: model_parallel_layout(8, expert_model_parallel_size=big), LayoutOverflowError,
-         "expert_model_parallel_size", big),
+        (
+            lambda: model_parallel_layout(8, tensor_model_parallel_size=big),
+            LayoutOverflowError,
+            "tensor_model_parallel_size",
+            big,
+        ),
+        (lambda: model_parallel_layout(8, 2**16, 2**16), LayoutOverflowError, "pipeline_model_parallel_size", 2**16),
+        (
+            lambda: model_parallel_layout(8, expert_tensor_parallel_size=big),
+            LayoutOverflowError,
+            "expert_tensor_parallel_size",
+            big,
+        ),
+        (
+            lambda: model_parallel_layout(8, expert_model_parallel_size=big),
+            LayoutOverflowError,
+            "expert_model_parallel_size",
+            big,
+        ),
         # HyperCommGrid
         (lambda: HyperCommGrid([2, big], ["tp", "dp"]), LayoutOverflowError, "shape[1]", big),
         (lambda: HyperCommGrid([2**16, 2**16], ["tp", "dp"]), LayoutOverflowError, "shape[1]", 2**16),

@@ -47,14 +47,38 @@ ALL_TOKENS = ["-".join(c) for k in range(1, 6) for c in itertools.combinations(D
 
 # megatron-core's tests/unit_tests/test_parallel_state.py::test_rank_generator_for_tp_dp_pp
 MEGATRON_MATRIX = [
-    (1, 1, 1, 1, 1, 1), (1, 8, 8, 1, 1, 1), (1, 8, 2, 2, 1, 1), (1, 8, 2, 4, 1, 1),
-    (3, 8, 8, 3, 1, 1), (4, 8, 2, 4, 1, 1), (8, 8, 8, 8, 1, 1), (8, 8, 2, 1, 1, 4),
-    (8, 8, 2, 2, 2, 4), (8, 8, 2, 1, 4, 8), (8, 8, 2, 2, 2, 8), (16, 8, 4, 8, 1, 1),
-    (16, 8, 4, 8, 1, 4), (16, 8, 4, 8, 4, 1), (16, 8, 8, 8, 1, 1), (32, 8, 4, 8, 1, 1),
-    (32, 8, 8, 8, 1, 1), (32, 8, 4, 8, 1, 4), (32, 8, 8, 8, 4, 1), (64, 8, 4, 2, 8, 8),
-    (64, 8, 4, 8, 1, 1), (64, 8, 8, 8, 1, 1), (96, 8, 4, 8, 1, 1), (128, 8, 4, 2, 8, 8),
-    (128, 8, 4, 8, 1, 1), (256, 8, 4, 8, 1, 1), (316, 8, 4, 8, 1, 1), (384, 8, 4, 8, 1, 1),
-    (512, 8, 4, 8, 1, 1), (768, 8, 4, 8, 1, 1), (1024, 8, 4, 8, 1, 1), (1280, 8, 4, 8, 1, 1),
+    (1, 1, 1, 1, 1, 1),
+    (1, 8, 8, 1, 1, 1),
+    (1, 8, 2, 2, 1, 1),
+    (1, 8, 2, 4, 1, 1),
+    (3, 8, 8, 3, 1, 1),
+    (4, 8, 2, 4, 1, 1),
+    (8, 8, 8, 8, 1, 1),
+    (8, 8, 2, 1, 1, 4),
+    (8, 8, 2, 2, 2, 4),
+    (8, 8, 2, 1, 4, 8),
+    (8, 8, 2, 2, 2, 8),
+    (16, 8, 4, 8, 1, 1),
+    (16, 8, 4, 8, 1, 4),
+    (16, 8, 4, 8, 4, 1),
+    (16, 8, 8, 8, 1, 1),
+    (32, 8, 4, 8, 1, 1),
+    (32, 8, 8, 8, 1, 1),
+    (32, 8, 4, 8, 1, 4),
+    (32, 8, 8, 8, 4, 1),
+    (64, 8, 4, 2, 8, 8),
+    (64, 8, 4, 8, 1, 1),
+    (64, 8, 8, 8, 1, 1),
+    (96, 8, 4, 8, 1, 1),
+    (128, 8, 4, 2, 8, 8),
+    (128, 8, 4, 8, 1, 1),
+    (256, 8, 4, 8, 1, 1),
+    (316, 8, 4, 8, 1, 1),
+    (384, 8, 4, 8, 1, 1),
+    (512, 8, 4, 8, 1, 1),
+    (768, 8, 4, 8, 1, 1),
+    (1024, 8, 4, 8, 1, 1),
+    (1280, 8, 4, 8, 1, 1),
     (1344, 8, 4, 8, 1, 1),
 ]
 
@@ -360,10 +384,22 @@ MP_ERRORS = [
     dict(world=16, pipeline_model_parallel_size=3),
     dict(world=16, virtual_pipeline_model_parallel_size=2),
     dict(world=16, tensor_model_parallel_size=2, expert_model_parallel_size=3),
-    dict(world=32, pipeline_model_parallel_size=2, tensor_model_parallel_size=2, expert_model_parallel_size=4,
-         expert_tensor_parallel_size=1, order="tp-cp-pp-ep-dp"),  # dp sizes differ, pp not last
-    dict(world=32, pipeline_model_parallel_size=4, tensor_model_parallel_size=2, expert_model_parallel_size=2,
-         expert_tensor_parallel_size=1, order="tp-cp-pp-ep-dp"),  # pp groups differ
+    dict(
+        world=32,
+        pipeline_model_parallel_size=2,
+        tensor_model_parallel_size=2,
+        expert_model_parallel_size=4,
+        expert_tensor_parallel_size=1,
+        order="tp-cp-pp-ep-dp",
+    ),  # dp sizes differ, pp not last
+    dict(
+        world=32,
+        pipeline_model_parallel_size=4,
+        tensor_model_parallel_size=2,
+        expert_model_parallel_size=2,
+        expert_tensor_parallel_size=1,
+        order="tp-cp-pp-ep-dp",
+    ),  # pp groups differ
 ]
 
 
@@ -376,7 +412,9 @@ def test_model_parallel_layout_vs_initialize_model_parallel():
         plan.append([list(cfg), sorted({0, world - 1, *map(int, rng.integers(0, world, 2))})])
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(plan), json.dumps(MP_ERRORS)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -384,7 +422,14 @@ def test_model_parallel_layout_vs_initialize_model_parallel():
     for cfg, ranks in plan:
         world, tp, pp, cp, ep, etp, order, ndo, hcp = cfg
         m = model_parallel_layout(
-            world, tp, pp, cp, ep, etp, order, num_distributed_optimizer_instances=ndo,
+            world,
+            tp,
+            pp,
+            cp,
+            ep,
+            etp,
+            order,
+            num_distributed_optimizer_instances=ndo,
             hierarchical_context_parallel_sizes=hcp,
         )
         for rank in ranks:

@@ -118,25 +118,85 @@ def _first_and_last_two(pp_ranks):  # a custom embedding placement
 
 CASES = [
     # world, kwargs
-    (64, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2,
-              expert_model_parallel_size=4)),
-    (64, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2,
-              expert_model_parallel_size=4, expert_tensor_parallel_size=1, num_distributed_optimizer_instances=2,
-              hierarchical_context_parallel_sizes=[2, 1], create_all_gather_group=True,
-              virtual_pipeline_model_parallel_size=2)),
+    (
+        64,
+        dict(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            context_parallel_size=2,
+            expert_model_parallel_size=4,
+        ),
+    ),
+    (
+        64,
+        dict(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            context_parallel_size=2,
+            expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1,
+            num_distributed_optimizer_instances=2,
+            hierarchical_context_parallel_sizes=[2, 1],
+            create_all_gather_group=True,
+            virtual_pipeline_model_parallel_size=2,
+        ),
+    ),
     (32, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=4, order="tp-cp-pp-ep-dp")),
-    (48, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=3, context_parallel_size=2,
-              expert_model_parallel_size=2, expert_tensor_parallel_size=2, num_distributed_optimizer_instances=2)),
-    (64, dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=2, context_parallel_size=4,
-              expert_model_parallel_size=8, expert_tensor_parallel_size=1, hierarchical_context_parallel_sizes=[2, 2])),
+    (
+        48,
+        dict(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=3,
+            context_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=2,
+            num_distributed_optimizer_instances=2,
+        ),
+    ),
+    (
+        64,
+        dict(
+            tensor_model_parallel_size=4,
+            pipeline_model_parallel_size=2,
+            context_parallel_size=4,
+            expert_model_parallel_size=8,
+            expert_tensor_parallel_size=1,
+            hierarchical_context_parallel_sizes=[2, 2],
+        ),
+    ),
     (16, dict(num_distributed_optimizer_instances=4, hybrid_context_parallel=True)),
-    (32, dict(tensor_model_parallel_size=4, context_parallel_size=2, expert_model_parallel_size=2,
-              expert_tensor_parallel_size=2, order="tp-pp-dp-cp-ep", num_distributed_optimizer_instances=2)),
-    (24, dict(pipeline_model_parallel_size=2, context_parallel_size=3, expert_model_parallel_size=2,
-              expert_tensor_parallel_size=1, num_distributed_optimizer_instances=3,
-              hierarchical_context_parallel_sizes=[3])),
-    (64, dict(pipeline_model_parallel_size=8, context_parallel_size=2, hybrid_context_parallel=True,
-              get_embedding_ranks=_first_and_last_two, create_gloo_process_groups=False)),
+    (
+        32,
+        dict(
+            tensor_model_parallel_size=4,
+            context_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=2,
+            order="tp-pp-dp-cp-ep",
+            num_distributed_optimizer_instances=2,
+        ),
+    ),
+    (
+        24,
+        dict(
+            pipeline_model_parallel_size=2,
+            context_parallel_size=3,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=1,
+            num_distributed_optimizer_instances=3,
+            hierarchical_context_parallel_sizes=[3],
+        ),
+    ),
+    (
+        64,
+        dict(
+            pipeline_model_parallel_size=8,
+            context_parallel_size=2,
+            hybrid_context_parallel=True,
+            get_embedding_ranks=_first_and_last_two,
+            create_gloo_process_groups=False,
+        ),
+    ),
     (8, dict()),
     (1, dict()),
 ]
@@ -161,9 +221,14 @@ def _random_config(rng: np.random.Generator) -> tuple[int, dict]:
         pp_last = rng.permutation(names[:4]).tolist() + ["pp"]
         order = "-".join(pp_last) if rng.random() < 0.7 else "-".join(rng.permutation(names))
         kw = dict(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
-            expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=order,
-            create_gloo_process_groups=bool(rng.random() < 0.7), create_all_gather_group=bool(rng.random() < 0.3),
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+            order=order,
+            create_gloo_process_groups=bool(rng.random() < 0.7),
+            create_all_gather_group=bool(rng.random() < 0.3),
         )
         try:
             m = model_parallel_layout(world, tp, pp, cp, ep, etp, order)
@@ -191,8 +256,13 @@ def test_random_configs_and_ranks(seed):
 def test_2_17_ranks():
     """131,072 ranks: the same state as megatron-core's (8-15 s per rank there), on two ranks."""
     world = 2**17
-    kw = dict(tensor_model_parallel_size=8, pipeline_model_parallel_size=4, context_parallel_size=2,
-              expert_model_parallel_size=8, expert_tensor_parallel_size=1)
+    kw = dict(
+        tensor_model_parallel_size=8,
+        pipeline_model_parallel_size=4,
+        context_parallel_size=2,
+        expert_model_parallel_size=8,
+        expert_tensor_parallel_size=1,
+    )
     for rank in (world - 1, 77_777):
         compare(world, rank, kw)  # same state, fewer process groups
 
@@ -215,8 +285,15 @@ def test_ranks_outside_embedding_groups_keep_torchs_group_names_in_step(split):
 
 def test_split_group_path_same_state():
     """Default group bound to a device: groups by split_group (fake backend, torch 2.15)."""
-    world, kw = 32, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=4, context_parallel_size=2,
-                         create_gloo_process_groups=True)
+    world, kw = (
+        32,
+        dict(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=4,
+            context_parallel_size=2,
+            create_gloo_process_groups=True,
+        ),
+    )
     for rank in (0, 9, 31):
         stock, _, _ = run(ps.initialize_model_parallel, world, rank, kw)
         ours, _, _ = run(rm.initialize_model_parallel, world, rank, kw, split=True)
@@ -252,8 +329,16 @@ ERRORS = [
     (dict(pipeline_model_parallel_size=3), 16),
     (dict(virtual_pipeline_model_parallel_size=2), 16),
     (dict(tensor_model_parallel_size=2, expert_model_parallel_size=3), 16),
-    (dict(pipeline_model_parallel_size=2, tensor_model_parallel_size=2, expert_model_parallel_size=4,
-          expert_tensor_parallel_size=1, order="tp-cp-pp-ep-dp"), 32),
+    (
+        dict(
+            pipeline_model_parallel_size=2,
+            tensor_model_parallel_size=2,
+            expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1,
+            order="tp-cp-pp-ep-dp",
+        ),
+        32,
+    ),
     (dict(tensor_model_parallel_size=2, num_distributed_optimizer_instances=3), 16),
     (dict(context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3]), 16),
     (dict(use_sharp=True, sharp_enabled_group="tp"), 16),

@@ -65,8 +65,16 @@ def test_meshes_of_one_world_share_one_group_per_partition_and_name_across_unfla
         assert rep.shared == 4
         assert rep.by_backend == {MESHFAKE: 8, FAKE: 2}
         assert [g[:2] for g in rep.groups] == [
-            ("dp", MESHFAKE), ("tp", MESHFAKE), ("a", MESHFAKE), ("b", FAKE), ("c", MESHFAKE), ("x", FAKE),
-            ("bc", MESHFAKE), ("b", MESHFAKE), ("t0", MESHFAKE), ("t1", MESHFAKE),
+            ("dp", MESHFAKE),
+            ("tp", MESHFAKE),
+            ("a", MESHFAKE),
+            ("b", FAKE),
+            ("c", MESHFAKE),
+            ("x", FAKE),
+            ("bc", MESHFAKE),
+            ("b", MESHFAKE),
+            ("t0", MESHFAKE),
+            ("t1", MESHFAKE),
         ]
 
 

@@ -107,7 +107,6 @@ def test_an_unknown_patch_name_is_a_typed_error_and_still_a_key_error():
     assert all(name in str(e) for name in patches.REGISTRY)
 
 
-
 def _decorated(fn):
     return fn
 

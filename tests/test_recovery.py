@@ -350,8 +350,9 @@ def test_megatron_over_a_hot_spare(new_rank):
         return {g: dist.get_process_group_ranks(getattr(ps, g)()) for g in getters}
 
     with fake_world(SIZE, index):
-        rm.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                                     create_gloo_process_groups=False)
+        rm.initialize_model_parallel(
+            tensor_model_parallel_size=2, pipeline_model_parallel_size=2, create_gloo_process_groups=False
+        )
         try:
             want = {g: sorted(ranks[i] for i in v) for g, v in members().items()}
         finally:
@@ -359,8 +360,9 @@ def test_megatron_over_a_hot_spare(new_rank):
     with fake_world(SIZE, new_rank):
         plan.activate()
         try:
-            rm.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                                         create_gloo_process_groups=False)
+            rm.initialize_model_parallel(
+                tensor_model_parallel_size=2, pipeline_model_parallel_size=2, create_gloo_process_groups=False
+            )
             got = members()
         finally:
             deactivate()

@@ -134,8 +134,9 @@ def launch(out: Path, case: str, world: int, kill: int | None = None, sizes: dic
     Everything is killed past LAUNCH_DEADLINE_S; the workers' sessions are checked for leftovers."""
     import datetime
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30)
+    )
     extra = ["--sizes", json.dumps(sizes)] if sizes else []
     procs, logs = [], []
     t0 = time.monotonic()
@@ -212,8 +213,10 @@ def run(request, tmp_path_factory):
     fault = launch(tmp_path_factory.mktemp(f"fault_{case.name}"), case.name, case.world, kill=case.kill)
     ref_world = math.prod(case.reference_sizes.values())
     ref = launch(tmp_path_factory.mktemp(f"ref_{case.name}"), "reference", ref_world, sizes=case.reference_sizes)
-    print(f"\n{case.name}: fault launch {fault.seconds:.1f} s (after the kill: {timeline(fault)}), "
-          f"reference launch {ref.seconds:.1f} s")
+    print(
+        f"\n{case.name}: fault launch {fault.seconds:.1f} s (after the kill: {timeline(fault)}), "
+        f"reference launch {ref.seconds:.1f} s"
+    )
     return case, fault, ref
 
 
@@ -340,8 +343,9 @@ def test_each_ranks_local_rank_is_its_mesh_coordinate(run, what, request):
         if case.name != "hot_spare" or not megatron_installed():
             pytest.skip("Megatron's tree is re-formed in the hot-spare case, with megatron-core installed")
         got = passed(fault, staying(case), "tree_megatron")
-        wrong = {r: (d["pp_rank"], d["pp_stage_of_index"]) for r, d in got.items()
-                 if d["pp_rank"] != d["pp_stage_of_index"]}
+        wrong = {
+            r: (d["pp_rank"], d["pp_stage_of_index"]) for r, d in got.items() if d["pp_rank"] != d["pp_stage_of_index"]
+        }
     else:
         got = passed(fault, staying(case), "order")
         wrong = {

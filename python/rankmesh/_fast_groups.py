@@ -420,6 +420,7 @@ def _refuse_stale_name(ranks: np.ndarray, backend: str | None) -> set[str] | Non
 
 # -- the split_group path ----------------------------------------------------------------------
 
+
 def group_device_types(pg) -> set[str]:
     """The device types a process group has backends for (c10d's private ``_device_types``; empty
     where this torch has no such attribute)."""

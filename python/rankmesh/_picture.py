@@ -90,8 +90,22 @@ def _default_dim(plan: Plan) -> tuple[str, str]:
 
 
 _PALETTE = [
-    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-    "#9c755f", "#bab0ac", "#1f3b73", "#8cd17d", "#d37295", "#b6992d", "#a0cbe8", "#79706e",
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+    "#1f3b73",
+    "#8cd17d",
+    "#d37295",
+    "#b6992d",
+    "#a0cbe8",
+    "#79706e",
 ]
 
 
@@ -120,8 +134,16 @@ def _draw_full(plt, plan: Plan, rank: int, gpn: int, label: str, name: str):
         ax.add_patch(Rectangle((local, node), 0.94, 0.9, facecolor=col, edgecolor="white", linewidth=0.5))
         ax.text(local + 0.47, node + 0.45, str(r), ha="center", va="center", fontsize=fs, color=_text_color(col))
         if repeat and r != rank:  # colours repeat: say which group
-            ax.text(local + 0.9, node + 0.84, f"g{int(ids[r])}", ha="right", va="bottom", fontsize=fs - 3,
-                    color=_text_color(col), alpha=0.8)
+            ax.text(
+                local + 0.9,
+                node + 0.84,
+                f"g{int(ids[r])}",
+                ha="right",
+                va="bottom",
+                fontsize=fs - 3,
+                color=_text_color(col),
+                alpha=0.8,
+            )
     _outline_and_axes(ax, mine, gpn, nodes, top=-0.15)
     node, local = divmod(rank, gpn)
     ax.text(local + 0.47, node + 0.86, "you", ha="center", va="bottom", fontsize=6, color="black", weight="bold")
@@ -199,8 +221,15 @@ def _draw_large(plt, plan: Plan, rank: int, gpn: int, label: str, name: str):
         g = groups[d].tolist()
         nodes = {m // gpn for m in g}
         where = "inside its node" if len(nodes) == 1 else f"spans {len(nodes)} nodes"
-        ax.text(-0.15, y + 0.31, f"{d} ({len(g)})\n{where}", ha="right", va="center", fontsize=7.5,
-                weight="bold" if d == name else "normal")
+        ax.text(
+            -0.15,
+            y + 0.31,
+            f"{d} ({len(g)})\n{where}",
+            ha="right",
+            va="center",
+            fontsize=7.5,
+            weight="bold" if d == name else "normal",
+        )
         for j, p in enumerate(picks[d]):
             x = j * cw
             if p == -1:
@@ -296,8 +325,15 @@ def _draw_job_grid(plt, job: JobPlan, rank: int, gpn: int, shade: dict[str, str]
         y = node + (0.38 if r in coord else 0.45)
         ax.text(local + 0.47, y, str(r), ha="center", va="center", fontsize=fs, color=_text_color(col))
         if r in coord:
-            ax.text(local + 0.47, node + 0.7, f"({coord[r]})", ha="center", va="center", fontsize=fs - 2.5,
-                    color=_text_color(col))
+            ax.text(
+                local + 0.47,
+                node + 0.7,
+                f"({coord[r]})",
+                ha="center",
+                va="center",
+                fontsize=fs - 2.5,
+                color=_text_color(col),
+            )
     _outline_and_axes(ax, outline, gpn, nodes, top=-0.3)
     node, local = divmod(rank, gpn)
     ax.text(local + 0.47, node + 0.02, "you", ha="center", va="top", fontsize=6, color="black", weight="bold")
@@ -329,13 +365,29 @@ def _draw_job_bar(plt, job: JobPlan, rank: int):
         col = _PALETTE[i % len(_PALETTE)]
         r = m.ranks
         ax.add_patch(Rectangle((0, i + 0.1), world, 0.8, facecolor=_OUTSIDE, edgecolor="none"))
-        ax.add_patch(Rectangle((r[0], i + 0.1), r[-1] + 1 - r[0], 0.8, edgecolor=col, linewidth=0.8,
-                               facecolor=_lighter(col, 0.45) if r.step > 1 else col,
-                               hatch="|||" if r.step > 1 else None))
+        ax.add_patch(
+            Rectangle(
+                (r[0], i + 0.1),
+                r[-1] + 1 - r[0],
+                0.8,
+                edgecolor=col,
+                linewidth=0.8,
+                facecolor=_lighter(col, 0.45) if r.step > 1 else col,
+                hatch="|||" if r.step > 1 else None,
+            )
+        )
         back = dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5) if r.step > 1 else None
-        ax.text((r[0] + r[-1] + 1) / 2, i + 0.5, f"ranks {m.span()}  [{m.dims()}]", ha="center", va="center",
-                fontsize=7.5, color="black" if back else _text_color(col), weight="bold" if m is mine else "normal",
-                bbox=back)
+        ax.text(
+            (r[0] + r[-1] + 1) / 2,
+            i + 0.5,
+            f"ranks {m.span()}  [{m.dims()}]",
+            ha="center",
+            va="center",
+            fontsize=7.5,
+            color="black" if back else _text_color(col),
+            weight="bold" if m is mine else "normal",
+            bbox=back,
+        )
     ax.vlines(rank + 0.5, 0, n, color="black", linewidth=1.5)
     ax.text(rank + 0.5, -0.05, f"rank {rank}", ha="center", va="bottom", fontsize=7.5, weight="bold")
     ax.set_xlim(0, world)
@@ -349,8 +401,7 @@ def _draw_job_bar(plt, job: JobPlan, rank: int):
     where = f"in {mine.label}" if mine is not None else "in no mesh"
     hatched = "; hatched: every step-th rank of its span" if any(m.ranks.step > 1 for m in job.meshes.values()) else ""
     ax.set_title(
-        f"{n} meshes over a world of {world} ranks (a lane per mesh{hatched}){outside}\n"
-        f"rank {rank} is {where}",
+        f"{n} meshes over a world of {world} ranks (a lane per mesh{hatched}){outside}\nrank {rank} is {where}",
         fontsize=9,
     )
     return fig

@@ -315,13 +315,18 @@ def _parser() -> _Parser:
     q.add_argument("--etp", type=int, default=None, help="expert tensor parallel degree (default 1; megatron: tp)")
     q.add_argument("--convention", choices=CONVENTIONS, default=None, help="convention (default torchtitan)")
     q.add_argument(
-        "--mesh", action="append", default=None, metavar="NAME=START:STOP[:DIMS]",
+        "--mesh",
+        action="append",
+        default=None,
+        metavar="NAME=START:STOP[:DIMS]",
         help="one mesh of a job of disjoint meshes, e.g. teachers=8:16:dp=4,tp=2 (repeat it; see below)",
     )
     q.add_argument("--order", default=None, help="megatron order, leftmost fastest (default tp-cp-ep-dp-pp)")
     q.add_argument("--rank", type=int, default=0, help="the rank whose groups to show (default 0)")
     q.add_argument(
-        "--gpus-per-node", type=int, default=None,
+        "--gpus-per-node",
+        type=int,
+        default=None,
         help=f"ranks per node (default: $LOCAL_WORLD_SIZE, else {DEFAULT_GPUS_PER_NODE})",
     )
     q.add_argument(
@@ -333,11 +338,14 @@ def _parser() -> _Parser:
         help="fail (status 2) when tp, or the listed bandwidth-hungry dims (ep, cp), span nodes",
     )
     q.add_argument(
-        "--picture", default=None, metavar="OUT.png",
+        "--picture",
+        default=None,
+        metavar="OUT.png",
         help=f"draw the layout (needs matplotlib: {install_hint('matplotlib')})",
     )
     q.add_argument(
-        "--dim", default=None,
+        "--dim",
+        default=None,
         help="dim to colour in the picture: tp or mesh.dim (default tp; with --mesh, the shades in each mesh)",
     )
     sub_parsers["status"] = sub.add_parser(  # type: ignore[assignment]

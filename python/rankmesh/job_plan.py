@@ -128,8 +128,19 @@ def _ranks_from(start: int, step: int, n: int) -> range:
 
 
 #: Names of parallelisms a mesh spec may try that are no dim here, and the dim that does their work.
-_ALIASES = {"sp": "cp", "seq": "cp", "sequence": "cp", "context": "cp", "tensor": "tp", "mp": "tp",
-            "pipeline": "pp", "data": "dp", "expert": "ep", "replicate": "dp_replicate", "shard": "dp_shard"}
+_ALIASES = {
+    "sp": "cp",
+    "seq": "cp",
+    "sequence": "cp",
+    "context": "cp",
+    "tensor": "tp",
+    "mp": "tp",
+    "pipeline": "pp",
+    "data": "dp",
+    "expert": "ep",
+    "replicate": "dp_replicate",
+    "shard": "dp_shard",
+}
 
 
 def _closest_dim(name: str, taken: Sequence[str]) -> str | None:
@@ -160,23 +171,29 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
         why = "it has no NAME= before the ranks" if nameless else f"{label!r} is not a mesh name"
         named = f"mesh={spec}" if not eq or ":" in label else f"{_label_like(label)}={rest}"
         raise _mesh_error(
-            MeshArgumentError, spec, f"{why}; write {MESH_SYNTAX}",
-            f"name the mesh with a letter first, then its ranks, e.g. {{mesh={named}}}", kind="mesh_syntax",
+            MeshArgumentError,
+            spec,
+            f"{why}; write {MESH_SYNTAX}",
+            f"name the mesh with a letter first, then its ranks, e.g. {{mesh={named}}}",
+            kind="mesh_syntax",
         )
     example = f"{{mesh={label}=0:{max(1, world // 2)}:dp=-1}}"
     parts = rest.split(":")
     dims_text = parts.pop() if "=" in parts[-1] else None
     if len(parts) not in (2, 3) or not all(_INT.fullmatch(p) for p in parts):
         raise _mesh_error(
-            MeshArgumentError, spec, f"{rest!r} is not START:STOP[:STEP][:DIM=SIZE,...] with integer ranks",
-            f"write the ranks as START:STOP (STOP excluded) and the dims last, e.g. {example}", kind="mesh_syntax",
+            MeshArgumentError,
+            spec,
+            f"{rest!r} is not START:STOP[:STEP][:DIM=SIZE,...] with integer ranks",
+            f"write the ranks as START:STOP (STOP excluded) and the dims last, e.g. {example}",
+            kind="mesh_syntax",
         )
     start, stop, step = (int(p) for p in parts + ["1"] * (3 - len(parts)))
     items = [] if dims_text is None else dims_text.split(",")
 
     def mended(k: int, item: str | None) -> str:
         """The spec with dim item ``k`` replaced by ``item`` (None: dropped), as a fix's ``{mesh=...}``."""
-        kept = [x for i, x in enumerate(items) if i != k] if item is None else items[:k] + [item] + items[k + 1:]
+        kept = [x for i, x in enumerate(items) if i != k] if item is None else items[:k] + [item] + items[k + 1 :]
         return "{mesh=" + f"{label}={':'.join(parts)}" + (f":{','.join(kept)}" if kept else "") + "}"
 
     dims: list[tuple[str, int]] = []
@@ -195,7 +212,9 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
             else:
                 fix = f"name each dim one of {', '.join(DEGREE_NAMES)}, or drop {name}: {mended(k, None)}"
             raise _mesh_error(
-                UnknownNameError, spec, f"{name!r} is not a dim name; the accepted names are {', '.join(DEGREE_NAMES)}",
+                UnknownNameError,
+                spec,
+                f"{name!r} is not a dim name; the accepted names are {', '.join(DEGREE_NAMES)}",
                 fix,
             )
         if name in (n for n, _ in dims):
@@ -206,21 +225,31 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
             if not any(x.partition("=")[2] == "-1" for x in items):
                 fix += f", or {name}=-1 for the ranks the other dims leave: {mended(k, f'{name}=-1')}"
             raise _mesh_error(
-                InvalidSizeError, spec, f"{name}={size}: a size is >= 1 (or -1: the rest)", fix,
+                InvalidSizeError,
+                spec,
+                f"{name}={size}: a size is >= 1 (or -1: the rest)",
+                fix,
                 kind="degree_not_positive",
             )
         dims.append((name, int(size)))
     if step < 1:
-        raise _mesh_error(InvalidSizeError, spec, f"step {step} is not >= 1",
-                          f"use a step >= 1 (1: every rank), e.g. {{mesh={_spec(label, range(start, stop), dims)}}}",
-                          kind="empty_mesh")
+        raise _mesh_error(
+            InvalidSizeError,
+            spec,
+            f"step {step} is not >= 1",
+            f"use a step >= 1 (1: every rank), e.g. {{mesh={_spec(label, range(start, stop), dims)}}}",
+            kind="empty_mesh",
+        )
     ranks = range(start, stop, step)
     if not ranks:
         need = math.prod(size for _, size in dims if size > 0)
         turned = range(stop, start, step) if stop < start else _ranks_from(start, step, need)
         raise _mesh_error(
-            InvalidSizeError, spec, f"range({start}, {stop}, {step}) holds no rank",
-            f"put STOP after START, e.g. {{mesh={_spec(label, turned, dims)}}}", kind="empty_mesh",
+            InvalidSizeError,
+            spec,
+            f"range({start}, {stop}, {step}) holds no rank",
+            f"put STOP after START, e.g. {{mesh={_spec(label, turned, dims)}}}",
+            kind="empty_mesh",
         )
     if start < 0 or ranks[-1] >= world:
         where = f"starts at {start}" if start < 0 else f"reaches rank {ranks[-1]}"
@@ -231,7 +260,10 @@ def _parse_mesh(spec: str, world: int) -> tuple[str, range, list[tuple[str, int]
         if start >= 0:
             fix += f", or pass a larger {{world_size={ranks[-1] + 1}}}"
         raise _mesh_error(
-            RankOutOfRangeError, spec, f"it {where}, outside the world of {world} ranks (0..{world - 1})", fix,
+            RankOutOfRangeError,
+            spec,
+            f"it {where}, outside the world of {world} ranks (0..{world - 1})",
+            fix,
         )
     return label, ranks, dims
 
@@ -241,8 +273,10 @@ def _fitted(dims: list[tuple[str, int]], n: int) -> list[tuple[str, int]]:
     whose others divide ``n``, else the first) and each other size that does not divide what is
     left becomes the nearest one that does (:func:`~rankmesh._check.divisors_near`)."""
     sizes = [size for _, size in dims]
-    fill = sizes.index(-1) if -1 in sizes else next(
-        (i for i in range(len(dims)) if n % math.prod(sizes[:i] + sizes[i + 1:]) == 0), 0
+    fill = (
+        sizes.index(-1)
+        if -1 in sizes
+        else next((i for i in range(len(dims)) if n % math.prod(sizes[:i] + sizes[i + 1 :]) == 0), 0)
     )
     left, out = n, []
     for i, (name, size) in enumerate(dims):
@@ -265,7 +299,9 @@ def _sizes(spec: str, label: str, ranks: range, dims: list[tuple[str, int]], wor
     if len(rest) > 1:
         one = [(name, 1 if name in rest[1:] else size) for name, size in dims]
         raise _mesh_error(
-            SizeMismatchError, spec, f"{' and '.join(rest)} are both -1; one dim at most takes the rest",
+            SizeMismatchError,
+            spec,
+            f"{' and '.join(rest)} are both -1; one dim at most takes the rest",
             f"give every size but one, e.g. {{mesh={_spec(label, ranks, one)}}}",
         )
     if not dims or (rest and n % known == 0) or (not rest and known == n):
@@ -319,8 +355,12 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
         label, ranks, dims = _parse_mesh(spec, world)
         dims = _sizes(spec, label, ranks, dims, world)
         if label in out:
-            raise _mesh_error(DuplicateNameError, spec, f"a second mesh named {label!r}",
-                              f"name each mesh once, e.g. {{mesh={label}2{spec[len(label):]}}}")
+            raise _mesh_error(
+                DuplicateNameError,
+                spec,
+                f"a second mesh named {label!r}",
+                f"name each mesh once, e.g. {{mesh={label}2{spec[len(label) :]}}}",
+            )
         for other in out.values():
             shared = Slice.of_range(other.ranks).first_shared_rank(Slice.of_range(ranks))  # O(log step)
             if shared is None:
@@ -333,10 +373,12 @@ def build_job_plan(world_size: int, meshes: Sequence[str]) -> JobPlan:
             wider = f" and {{world_size={moved[-1] + 1}}}" if moved[-1] >= world else ""
             fix = f"give each mesh ranks of its own, e.g. move {b} after {a}: {{mesh={_spec(b, moved, b_dims)}}}{wider}"
             raise _mesh_error(
-                MeshArgumentError, spec,
+                MeshArgumentError,
+                spec,
                 f"it shares rank {shared} with {arg('mesh', f'mesh {other.spec!r}', repr(other.spec))} "
                 f"({other.span()}); the meshes of a job are disjoint",
-                fix, kind="meshes_overlap",
+                fix,
+                kind="meshes_overlap",
             )
         layout = MeshLayout.placed(world, ranks.start, [(len(ranks), ranks.step)])
         if dims:

@@ -136,8 +136,9 @@ def _torchtitan_plan(
     world: int, tp: int, pp: int, cp: int, ep: int, dp_replicate: int, dp_shard: int, etp: int
 ) -> Plan:
     """torchtitan's ParallelDims (dp_shard=-1 fills the rest) and its meshes, as layouts."""
-    d = layouts.resolve_degrees(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
-                            world_size=world)
+    d = layouts.resolve_degrees(
+        dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp, world_size=world
+    )
     deg = layouts.degrees(**d)
     dp_shard = d["dp_shard"]
     built = layouts.layouts(world, deg, loss_name="loss")
@@ -231,7 +232,11 @@ def build_plan(
         if order is not None:
             raise _not_for("order", order, convention, " (only to megatron)")
         return _torchtitan_plan(
-            world_size, tp, pp, cp, ep,
+            world_size,
+            tp,
+            pp,
+            cp,
+            ep,
             1 if dp_replicate is None else dp_replicate,
             -1 if dp_shard is None else dp_shard,
             1 if etp is None else etp,
@@ -249,7 +254,11 @@ def build_plan(
         if etp is not None:
             raise _not_for("etp", etp, convention, " (it has no expert-tp dim)")
         return _single_plan(
-            world_size, tp, pp, cp, ep,
+            world_size,
+            tp,
+            pp,
+            cp,
+            ep,
             1 if dp_replicate is None else dp_replicate,
             -1 if dp_shard is None else dp_shard,
         )
@@ -300,8 +309,12 @@ def plan_topology(
     e.g. ``("ep", "cp")``; ``()`` for tp alone) it is strict: raises
     :class:`~rankmesh.errors.TopologyError` when a bandwidth-hungry dim spans nodes."""
     return topology_report(
-        plan.built(), rank, gpus_per_node, whole_world=plan.world_size <= WHOLE_WORLD_LIMIT,
-        strict=strict_dims is not None, strict_dims=() if strict_dims is None else tuple(strict_dims),
+        plan.built(),
+        rank,
+        gpus_per_node,
+        whole_world=plan.world_size <= WHOLE_WORLD_LIMIT,
+        strict=strict_dims is not None,
+        strict_dims=() if strict_dims is None else tuple(strict_dims),
     )
 
 
@@ -361,4 +374,3 @@ def format_plan(plan: Plan, rank: int, report: TopologyReport) -> str:
     if not report.whole_world:
         w(f"  (whole-world check skipped above {WHOLE_WORLD_LIMIT} ranks)\n")
     return "".join(lines)
-

@@ -215,9 +215,7 @@ class TopologyReport:
         return tuple(out)
 
     def format(self, indent: str = "  ") -> str:
-        lines = [
-            f"{self.num_nodes} node(s) of {self.gpus_per_node} GPUs; rank {self.rank} is on node {self.node}"
-        ]
+        lines = [f"{self.num_nodes} node(s) of {self.gpus_per_node} GPUs; rank {self.rank} is on node {self.node}"]
         width = max((len(d.label) for d in self.dims), default=0)
         for d in self.dims:
             if d.intra_node:

@@ -212,8 +212,9 @@ PD_DEGREES = ("dp_replicate", "dp_shard", "tp")
 
 
 def parallel_dims(sizes, world: int):
-    degrees = dict(dp_replicate=sizes["dp_replicate"], dp_shard=sizes["dp_shard"], cp=1, tp=sizes["tp"], pp=1,
-                   ep=1, etp=1)
+    degrees = dict(
+        dp_replicate=sizes["dp_replicate"], dp_shard=sizes["dp_shard"], cp=1, tp=sizes["tp"], pp=1, ep=1, etp=1
+    )
     pd = rankmesh.ParallelDims(**degrees, world_size=world)
     pd.build_mesh("cpu")
     return pd
@@ -439,8 +440,17 @@ def reform(args, rec: Recorder, store) -> int:
     )
     plan.check(timeout=CHECK_TIMEOUT_S)
     plan.activate()
-    rec.write("gen1", True, new_rank=new, index=index, world_size=plan.world_size, sizes=sizes,
-              rank_map=rank_map, seconds=time.monotonic() - t, at=time.time())
+    rec.write(
+        "gen1",
+        True,
+        new_rank=new,
+        index=index,
+        world_size=plan.world_size,
+        sizes=sizes,
+        rank_map=rank_map,
+        seconds=time.monotonic() - t,
+        at=time.time(),
+    )
     rec.run("tree_plain", check_plain, sizes, rank_map, index)
     rec.run("tree_parallel_dims", check_parallel_dims, sizes, rank_map, index, pd_oracle)
     if mg_oracle is not None:
@@ -456,7 +466,10 @@ def reference(args, rec: Recorder, store) -> int:
     """The uninterrupted run of ``--sizes`` on ``--world`` ranks: the same ``train``."""
     sizes = json.loads(args.sizes)
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore("ref", store), rank=args.rank, world_size=args.world,
+        "gloo",
+        store=dist.PrefixStore("ref", store),
+        rank=args.rank,
+        world_size=args.world,
         timeout=timedelta(PG_TIMEOUT_S),
     )
     rec.run("train", lambda: {"index": args.rank, **train(sizes)})

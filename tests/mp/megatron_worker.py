@@ -26,10 +26,20 @@ from tests.mp import megatron_snapshot as snap
 from tests.mp.worker import Recorder, assert_reduces
 
 CONFIGS = {
-    "moe": dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-                expert_tensor_parallel_size=1, num_distributed_optimizer_instances=2, create_all_gather_group=True),
-    "cp": dict(tensor_model_parallel_size=2, context_parallel_size=2, hierarchical_context_parallel_sizes=[2],
-               hybrid_context_parallel=True),
+    "moe": dict(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        expert_model_parallel_size=2,
+        expert_tensor_parallel_size=1,
+        num_distributed_optimizer_instances=2,
+        create_all_gather_group=True,
+    ),
+    "cp": dict(
+        tensor_model_parallel_size=2,
+        context_parallel_size=2,
+        hierarchical_context_parallel_sizes=[2],
+        hybrid_context_parallel=True,
+    ),
     "pp4": dict(pipeline_model_parallel_size=4, order="tp-cp-ep-pp-dp", virtual_pipeline_model_parallel_size=2),
 }
 

@@ -142,8 +142,12 @@ def cycle(base, rank: int, world: int, i: int, megatron: bool) -> dict:
         megatron_groups(g)
     dist.barrier()
     dist.destroy_process_group()
-    return {"groups": g.seen, "tables": c10d_tables(), "initialized": dist.is_initialized(),
-            "took": time.perf_counter() - t0}
+    return {
+        "groups": g.seen,
+        "tables": c10d_tables(),
+        "initialized": dist.is_initialized(),
+        "took": time.perf_counter() - t0,
+    }
 
 
 def rebuild_after_free(base, rank: int, world: int) -> dict:

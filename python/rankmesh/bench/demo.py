@@ -103,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     from rankmesh.bench.stock import all_requests, stock_build
 
     cfg = dict(
-        dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, cp=args.cp, tp=args.tp,
-        pp=args.pp, ep=args.ep, etp=args.etp, world_size=args.world_size,
+        dp_replicate=args.dp_replicate,
+        dp_shard=args.dp_shard,
+        cp=args.cp,
+        tp=args.tp,
+        pp=args.pp,
+        ep=args.ep,
+        etp=args.etp,
+        world_size=args.world_size,
     )
     requests = all_requests()
     # Imports are not timed (torch 2.15's first DeviceMesh slice imports torch._dynamo, ~2 s); the
@@ -178,8 +184,10 @@ def _model(world: int, *, stock: bool) -> int:
         print(f"  {ph:12s} {cells[0]:>12s} {cells[1]:>12s}")
     if stock:
         t, m = runs["torch"]["cold_total_s"], runs["rankmesh"]["cold_total_s"]
-        print(f"  speed-up: {t / m:,.1f}x; process groups on this rank: {runs['torch']['process_groups']} stock, "
-              f"{runs['rankmesh']['process_groups']} rankmesh")
+        print(
+            f"  speed-up: {t / m:,.1f}x; process groups on this rank: {runs['torch']['process_groups']} stock, "
+            f"{runs['rankmesh']['process_groups']} rankmesh"
+        )
     return 0
 
 

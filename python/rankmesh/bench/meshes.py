@@ -145,8 +145,16 @@ def titan030_recipe(init: Callable[..., Any], world: int) -> list[Any]:
     tp, pp, cp, ep, etp, dpr = (CONFIG[k] for k in ("tp", "pp", "cp", "ep", "etp", "dp_replicate"))
     dps = world // (tp * pp * cp * dpr)
     deg = dict(
-        pp=pp, batch=dpr * dps, cp=cp, tp=tp, dp_replicate=dpr, dp_shard=dps, fsdp=dps * cp,
-        ep=ep, efsdp=dps * cp * tp // (ep * etp), etp=etp,
+        pp=pp,
+        batch=dpr * dps,
+        cp=cp,
+        tp=tp,
+        dp_replicate=dpr,
+        dp_shard=dps,
+        fsdp=dps * cp,
+        ep=ep,
+        efsdp=dps * cp * tp // (ep * etp),
+        etp=etp,
     )
     world_mesh = init("cpu", (world,), mesh_dim_names=("world",))
 
@@ -495,8 +503,6 @@ def parse_worlds(p: argparse.ArgumentParser, text: str) -> list[int]:
         hint = f"; for {x:,} ranks pass --worlds {x.bit_length() - 1}" if x > 0 and x & (x - 1) == 0 else ""
         p.error(f"--worlds takes log2 world sizes from 1 to {MAX_LOG2_WORLD} (17 means 131,072 ranks), got {x}{hint}")
     return [1 << x for x in logs]
-
-
 
 
 #: What the heads-up's estimate assumes (docs/benchmarks.md, torch 2.15): a worker process starts in

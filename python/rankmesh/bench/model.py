@@ -311,9 +311,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     labels: list[list] = []
     for name, color in zip(names, colors):
         for impl, style in (("torch", "--"), ("rankmesh", "-")):
-            pts = sorted(
-                (r["world"], r["cold_total_s"]) for r in rows if r["workload"] == name and r["impl"] == impl
-            )
+            pts = sorted((r["world"], r["cold_total_s"]) for r in rows if r["workload"] == name and r["impl"] == impl)
             if not pts:
                 continue
             ax.plot(*zip(*pts), style, marker="o", color=color, linewidth=2 if impl == "rankmesh" else 1.2)

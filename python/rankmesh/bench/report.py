@@ -157,8 +157,12 @@ def plot(rows: list[dict], path: Path, title: str, recipes: tuple[str, ...] = RE
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     markers = "o", "s", "^", "D", "v", "P", "X", "*", "h"
     styles = {r: markers[i % len(markers)] for i, r in enumerate(recipes)}
-    colors = {("torch", "new_group"): "tab:red", ("torch", "split_group"): "tab:orange",
-              ("rankmesh", "new_group"): "tab:blue", ("rankmesh", "split_group"): "tab:cyan"}
+    colors = {
+        ("torch", "new_group"): "tab:red",
+        ("torch", "split_group"): "tab:orange",
+        ("rankmesh", "new_group"): "tab:blue",
+        ("rankmesh", "split_group"): "tab:cyan",
+    }
     for recipe in recipes:
         for p in PATHS:
             for impl in IMPLS:

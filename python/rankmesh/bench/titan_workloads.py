@@ -55,8 +55,17 @@ def _cpu_device_type() -> None:
     tpd.device_type = tdu.device_type = ttu.device_type = "cpu"
 
 
-def _config(registry_fn: Callable[[], Any], world: int, backend: str, *, tp: int, dp_shard: int, pp: int = 1,
-            ep: int = 1, **parallelism: Any) -> Any:
+def _config(
+    registry_fn: Callable[[], Any],
+    world: int,
+    backend: str,
+    *,
+    tp: int,
+    dp_shard: int,
+    pp: int = 1,
+    ep: int = 1,
+    **parallelism: Any,
+) -> Any:
     """A ``Trainer.Config`` from one of torchtitan's config registry functions with the
     parallelism set as the command line would set it."""
     config = registry_fn()
@@ -148,8 +157,14 @@ def param_summary(parts: list[Any]) -> list[tuple]:
             if isinstance(p, DTensor):
                 m = p.device_mesh
                 out.append(
-                    (prefix + name, str(tuple(p.placements)), tuple(m.mesh_dim_names or ()), tuple(m.shape),
-                     tuple(p.shape), tuple(p._local_tensor.shape))
+                    (
+                        prefix + name,
+                        str(tuple(p.placements)),
+                        tuple(m.mesh_dim_names or ()),
+                        tuple(m.shape),
+                        tuple(p.shape),
+                        tuple(p._local_tensor.shape),
+                    )
                 )
             else:
                 out.append((prefix + name, "plain", (), (), tuple(p.shape), tuple(p.shape)))
@@ -181,8 +196,14 @@ def pipeline(impl: str, world: int, *, rank: int | None = None, backend: str = "
         return c
 
     config = _config(
-        registry, world, backend, tp=8, dp_shard=64, pp=4,
-        pipeline_parallel_schedule="1F1B", pipeline_parallel_microbatch_size=1,
+        registry,
+        world,
+        backend,
+        tp=8,
+        dp_shard=64,
+        pp=4,
+        pipeline_parallel_schedule="1F1B",
+        pipeline_parallel_microbatch_size=1,
     )
     return run_titan(impl, world, config, rank=rank)
 

@@ -149,8 +149,14 @@ class ParallelDims:
         # torchtitan's asserts, without torch: rankmesh.torchtitan.layouts is their one home (shared
         # with ``rankmesh plan``); integers by rankmesh._check's rule.
         deg = titan_layouts.resolve_degrees(
-            dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
-            pp=self.pp, ep=self.ep, etp=self.etp, world_size=self.world_size,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+            cp=self.cp,
+            tp=self.tp,
+            pp=self.pp,
+            ep=self.ep,
+            etp=self.etp,
+            world_size=self.world_size,
         )
         for name, value in deg.items():
             setattr(self, name, value)
@@ -167,8 +173,13 @@ class ParallelDims:
         own tests build them without meshing), so it runs where they are first used, in building
         the meshes or layouts (torchtitan fails there inside torch)."""
         return titan_layouts.degrees(
-            dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, cp=self.cp, tp=self.tp,
-            pp=self.pp, ep=self.ep, etp=self.etp,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+            cp=self.cp,
+            tp=self.tp,
+            pp=self.pp,
+            ep=self.ep,
+            etp=self.etp,
         )
 
     @property
@@ -213,9 +224,14 @@ class ParallelDims:
         device_type = device_type or _module_device_type()
         t0 = time.perf_counter()
         logger.info(
-            "Building device mesh with parallelism: pp=%d, dp_replicate=%d, dp_shard=%d, cp=%d, "
-            "tp=%d, ep=%d, etp=%d",
-            self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp,
+            "Building device mesh with parallelism: pp=%d, dp_replicate=%d, dp_shard=%d, cp=%d, tp=%d, ep=%d, etp=%d",
+            self.pp,
+            self.dp_replicate,
+            self.dp_shard,
+            self.cp,
+            self.tp,
+            self.ep,
+            self.etp,
         )
         deg = self._degrees()  # checks the MoE mesh before anything else
         self._check_default_group()
@@ -299,8 +315,10 @@ class ParallelDims:
         check_unique(
             dims,
             "dims",
-            lambda n: f"mesh dim {n!r} is named twice in {dims}; name each dim once (torch refuses "
-            "overlapping dim names, even when the dim is disabled here)",
+            lambda n: (
+                f"mesh dim {n!r} is named twice in {dims}; name each dim once (torch refuses "
+                "overlapping dim names, even when the dim is disabled here)"
+            ),
         )
         for mesh_name in dims:
             if mesh_name not in self._meshes:
