@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.device_mesh as tdm
-from rankmesh import _torch_compat, devicemesh, patches
+from rankmesh import _devicemesh_torch, _torch_compat, devicemesh, patches
 from rankmesh.mesh import FastDeviceMesh
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -330,24 +330,26 @@ def test_symbolic_ranks_and_tensor_subclasses_get_torchs_own_method(monkeypatch)
     with fake_world(8, 3, MESHFAKE):
         layout = tdm._MeshLayout.from_sizes_strides((2, 4))
         rank_map = torch.arange(8, dtype=torch.int)
-        assert devicemesh._plan(layout, rank_map, ("a", "b"), ((None, None),) * 2, False) is not None
+        assert _devicemesh_torch._plan(layout, rank_map, ("a", "b"), ((None, None),) * 2, False) is not None
         monkeypatch.setattr(dist, "get_rank", lambda *a, **k: np.int64(3))  # not a plain int
-        assert devicemesh._plan(layout, rank_map, ("a", "b"), ((None, None),) * 2, False) is None
+        assert _devicemesh_torch._plan(layout, rank_map, ("a", "b"), ((None, None),) * 2, False) is None
         monkeypatch.undo()
 
         class Sub(torch.Tensor):
             pass
 
-        assert devicemesh._plan(layout, rank_map.as_subclass(Sub), ("a", "b"), ((None, None),) * 2, False) is None
+        assert (
+            _devicemesh_torch._plan(layout, rank_map.as_subclass(Sub), ("a", "b"), ((None, None),) * 2, False) is None
+        )
 
 
 def test_an_in_place_change_of_a_rank_map_is_read_again():
     with fake_world(8, 3, MESHFAKE):
         rank_map = torch.arange(8, dtype=torch.int)
-        first = devicemesh._world_of(rank_map, 8)
-        assert devicemesh._world_of(rank_map, 8) is first  # read once
+        first = _devicemesh_torch._rank_map_world(rank_map, 8)
+        assert _devicemesh_torch._rank_map_world(rank_map, 8) is first  # read once
         rank_map[0], rank_map[1] = 1, 0
-        again = devicemesh._world_of(rank_map, 8)
+        again = _devicemesh_torch._rank_map_world(rank_map, 8)
         assert again is not first and again.rank_map().tolist()[:2] == [1, 0]
 
 
@@ -360,7 +362,7 @@ def test_a_bound_device_takes_the_split_road(monkeypatch):
         default.bound_device_id = torch.device("cpu", 0)  # as device_id= binds one (nccl2 always does)
         m = tdm.init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("pp", "dp", "tp"))
         assert [ranks_of(m.get_group(n)) for n in ("pp", "dp", "tp")] == [[6, 14], [2, 6], [4, 5, 6, 7]]
-        assert all(b.method == "split_group" for b in devicemesh._BUILDERS.values())
+        assert all(b.method == "split_group" for b in _devicemesh_torch._BUILDERS.values())
 
 
 def test_the_body_check_is_kept_once_per_install(tmp_path, monkeypatch):
