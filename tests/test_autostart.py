@@ -43,7 +43,7 @@ def _probe(value: str | None) -> list[str]:
 def test_the_variable_installs_both_patches_before_torch_binds_the_names():
     before, same, qualname, module = _probe("1")
     assert before == "False"  # nothing of rankmesh before torch's device_mesh is imported
-    assert same == "True" and qualname == "make_init_device_mesh.<locals>.init_device_mesh"
+    assert same == "True" and qualname == "_make_init_device_mesh.<locals>.init_device_mesh"
     assert module == "rankmesh.devicemesh"
 
 

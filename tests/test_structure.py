@@ -268,11 +268,11 @@ def test_the_bench_check_finds_an_import_of_the_benchmarks():
     assert bench_importers(graph) == {"rankmesh.mesh": [f"{BENCH}.workloads"], "rankmesh.benchmarks": [BENCH]}
 
 
-# -- private torch state: touched in two named modules, each checked at start-up -----------------
+# -- private torch state: touched in three named modules, each checked at start-up ---------------
 
-# rankmesh._torch_compat (DeviceMesh, the layout algebra) and rankmesh._fast_groups (c10d's group
-# registry, with its start-up checks in rankmesh._fast_groups_check) are the only modules that may
-# read torch's private state; each has a start-up check.
+# rankmesh._torch_compat (DeviceMesh, the layout algebra; checked by rankmesh._mesh_check) and
+# rankmesh._fast_groups with rankmesh._fast_groups_check (c10d's group registry, and its start-up
+# checks) are the only modules that may import or read torch's private state by name.
 PRIVATE_HOMES = {"rankmesh._torch_compat", "rankmesh._fast_groups", "rankmesh._fast_groups_check"}
 # Outside the data path, by name, with the reason.
 PRIVATE_ELSEWHERE = {

@@ -115,7 +115,7 @@ def _probe(value: str | None, level: str = "default") -> subprocess.CompletedPro
 )
 def test_the_variable_reads_on_and_off_words_case_insensitively(value, on):
     out = _probe(value)
-    assert ("make_init_device_mesh" in out.stdout) is on, out.stdout
+    assert ("_make_init_device_mesh" in out.stdout) is on, out.stdout
     assert "rankmesh" not in out.stderr  # silent at Python's default logging level
 
 

@@ -1,7 +1,6 @@
-"""The torch side of :mod:`rankmesh.devicemesh`: the bodies of its two patches, imported when one
-is installed (the declarations there import no torch). :mod:`rankmesh.mesh` is imported at the
-first call, not here: importing it imports torch's ``device_mesh``, whose import installs these
-patches under the switch (a cycle if this module imported it)."""
+"""The torch side of :mod:`rankmesh.devicemesh`: the bodies of its two patches, imported by their
+first call (the declarations there import no torch, and installing them imports nothing: the switch
+installs them while torch's ``device_mesh`` is being imported)."""
 
 from __future__ import annotations
 
@@ -16,9 +15,11 @@ from rankmesh import _mesh_check
 from rankmesh import _torch_compat as compat
 from rankmesh._native import MeshLayout
 from rankmesh.errors import RankmeshError
+from rankmesh.mesh import _modes, _placement_of, _symbolic_rank
+from rankmesh.mesh import init_device_mesh as rankmesh_init_device_mesh
 from rankmesh.process_groups import MeshBuilder, check_backend_name
 
-__all__ = ["created_groups", "make_init_device_mesh", "make_init_process_groups"]
+__all__ = ["created_groups", "init_device_mesh", "init_process_groups"]
 
 _lock = threading.RLock()
 
@@ -45,8 +46,6 @@ def _rank_map_world(rank_map: Any, world_size: int) -> Any:
     """The rankmesh world a rank map is (``MeshLayout.world`` for a permutation of the whole world,
     ``MeshLayout.placed`` for an offset plus modes over part of it), or None: read once per tensor
     (and again only after an in-place change), in the core."""
-
-    from rankmesh.mesh import _placement_of
 
     key = id(rank_map)
     hit = _RANK_MAPS.get(key)
@@ -101,8 +100,6 @@ def _plan(layout: Any, rank_map: Any, mesh_dim_names: Any, backend_override: Any
     alone, so every rank takes the same road and creates its groups in the same order."""
     import torch
 
-    from rankmesh.mesh import _modes, _symbolic_rank
-
     if preserve or not dist.is_initialized():
         return None
     if _symbolic_rank("DeviceMesh._init_process_groups", "method makes the groups"):
@@ -140,44 +137,30 @@ def _plan(layout: Any, rank_map: Any, mesh_dim_names: Any, backend_override: Any
     return _builder(world, default_group), rm_layout, overrides
 
 
-def make_init_process_groups(torch_init_process_groups: Any) -> Any:
-    def _init_process_groups(layout, rank_map, mesh_dim_names, backend_override, preserve_rank_order=False):  # noqa: ANN001, ANN202
-        with _lock:
-            plan = _plan(layout, rank_map, mesh_dim_names, backend_override, preserve_rank_order)
-            if plan is None:
-                extra = (preserve_rank_order,) if preserve_rank_order else ()
-                return torch_init_process_groups(layout, rank_map, mesh_dim_names, backend_override, *extra)
-            builder, rm_layout, overrides = plan
-            names = rm_layout.names
-            groups = [
-                builder.process_group(rm_layout, d, backend=b, pg_options=o, mesh_dim_name=names[d])
-                for d, (b, o) in enumerate(overrides)
-            ]
-            return [pg.group_name for pg in groups if pg is not None]
-
-    _init_process_groups.__doc__ = torch_init_process_groups.__doc__
-    _init_process_groups.__qualname__ = "DeviceMesh._init_process_groups"
-    _init_process_groups.__module__ = "rankmesh.devicemesh"
-    return _init_process_groups
+def init_process_groups(
+    torch_init_process_groups: Any, layout, rank_map, mesh_dim_names, backend_override, preserve_rank_order
+):  # noqa: ANN001
+    """The ``init_process_groups`` patch's body: this rank's group per dim, or torch's own method."""
+    with _lock:
+        plan = _plan(layout, rank_map, mesh_dim_names, backend_override, preserve_rank_order)
+        if plan is None:
+            extra = (preserve_rank_order,) if preserve_rank_order else ()
+            return torch_init_process_groups(layout, rank_map, mesh_dim_names, backend_override, *extra)
+        builder, rm_layout, overrides = plan
+        names = rm_layout.names
+        groups = [
+            builder.process_group(rm_layout, d, backend=b, pg_options=o, mesh_dim_name=names[d])
+            for d, (b, o) in enumerate(overrides)
+        ]
+        return [pg.group_name for pg in groups if pg is not None]
 
 
-def make_init_device_mesh(torch_init_device_mesh: Any) -> Any:
-    def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None, backend_override=None):  # noqa: ANN001, ANN202
-
-        from rankmesh.mesh import init_device_mesh as rankmesh_init_device_mesh
-
-        if not _mesh_check.fast_meshes_available():
-            return torch_init_device_mesh(
-                device_type, mesh_shape, mesh_dim_names=mesh_dim_names, backend_override=backend_override
-            )
-        return rankmesh_init_device_mesh(
-            device_type,
-            mesh_shape,
-            mesh_dim_names=mesh_dim_names,
-            backend_override=backend_override,
-            size_one_fake=False,
+def init_device_mesh(torch_init_device_mesh: Any, device_type, mesh_shape, mesh_dim_names, backend_override):  # noqa: ANN001
+    """The ``init_device_mesh`` patch's body: rankmesh's mesh under torch's size-1 rule, or torch's."""
+    if not _mesh_check.fast_meshes_available():
+        return torch_init_device_mesh(
+            device_type, mesh_shape, mesh_dim_names=mesh_dim_names, backend_override=backend_override
         )
-
-    init_device_mesh.__doc__ = torch_init_device_mesh.__doc__
-    init_device_mesh.__module__ = "torch.distributed.device_mesh"
-    return init_device_mesh
+    return rankmesh_init_device_mesh(
+        device_type, mesh_shape, mesh_dim_names=mesh_dim_names, backend_override=backend_override, size_one_fake=False
+    )

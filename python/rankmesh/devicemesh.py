@@ -65,16 +65,34 @@ def created_groups() -> int:
     return _devicemesh_torch.created_groups()
 
 
-def _make_init_process_groups(original: Any) -> Any:
-    from rankmesh import _devicemesh_torch
-
-    return _devicemesh_torch.make_init_process_groups(original)
+# Installing imports nothing (the switch installs these while torch's device_mesh is being imported);
+# the torch side, rankmesh._devicemesh_torch, is imported by the first call.
 
 
-def _make_init_device_mesh(original: Any) -> Any:
-    from rankmesh import _devicemesh_torch
+def _make_init_process_groups(torch_init_process_groups: Any) -> Any:
+    def _init_process_groups(layout, rank_map, mesh_dim_names, backend_override, preserve_rank_order=False):  # noqa: ANN001, ANN202
+        from rankmesh import _devicemesh_torch
 
-    return _devicemesh_torch.make_init_device_mesh(original)
+        return _devicemesh_torch.init_process_groups(
+            torch_init_process_groups, layout, rank_map, mesh_dim_names, backend_override, preserve_rank_order
+        )
+
+    _init_process_groups.__doc__ = torch_init_process_groups.__doc__
+    _init_process_groups.__qualname__ = "DeviceMesh._init_process_groups"
+    return _init_process_groups
+
+
+def _make_init_device_mesh(torch_init_device_mesh: Any) -> Any:
+    def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None, backend_override=None):  # noqa: ANN001, ANN202
+        from rankmesh import _devicemesh_torch
+
+        return _devicemesh_torch.init_device_mesh(
+            torch_init_device_mesh, device_type, mesh_shape, mesh_dim_names, backend_override
+        )
+
+    init_device_mesh.__doc__ = torch_init_device_mesh.__doc__
+    init_device_mesh.__module__ = "torch.distributed.device_mesh"
+    return init_device_mesh
 
 
 _DEVICE_MESH = "torch.distributed.device_mesh"

@@ -352,6 +352,7 @@ def measure(impl: str, recipe: str, path: str, world: int, rank: int) -> dict:
     import torch.distributed as dist
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
+    import rankmesh._devicemesh_torch  # noqa: F401  (the patches' torch side, imported by their first call)
     import rankmesh.bench.stock  # noqa: F401  (parallel_dims's requests, both sides: ~1.5 ms compiling without .pyc)
     import rankmesh.devicemesh  # noqa: F401
     import rankmesh.mesh  # noqa: F401

@@ -89,6 +89,7 @@ def _import_everything(name: str) -> None:
         "torch.distributed.tensor.parallel",
         "torch.distributed.fsdp",
         "rankmesh.mesh",
+        "rankmesh._devicemesh_torch",  # the patches' torch side, imported by their first call
         "rankmesh.bench.workloads",
         "rankmesh.torchtitan",
     ]
