@@ -1,15 +1,16 @@
 """Whether this torch's c10d is the one :mod:`rankmesh._fast_groups` reproduces: the start-up checks
 of its two fast paths (``new_group``, ``split_group``), each decided once per default group.
 
-In order: the private names the fast paths use and a known naming scheme (every process), the
-gate of the torch bodies each path reproduces (:data:`GATES`), rankmesh's hashed names against
-torch's ``_hash_ranks_to_str`` (every process), then a probe: a one-rank ``fake`` group made both
+In order: the private names the fast paths use and a known naming scheme, the release read
+(every process); then, kept as one verdict per install (:func:`_checked`, whose key holds every
+function involved and the table's hashes): the bodies each path reproduces (:data:`GATES`),
+rankmesh's hashed names against torch's ``_hash_ranks_to_str``, and a probe: a one-rank ``fake`` group made both
 ways (torch's call, and rankmesh's maker handed in), or a one-rank ``fake`` parent split both ways
 (local: no collective, no store keys), comparing the group's own entries and everything each call
 wrote into c10d's registry: every table of ``_world`` and every table global of
 ``distributed_c10d``, found by walking them, so a table a new torch adds is compared too. The
-probe destroys both groups and winds the counter back. Its verdict is kept once per install
-(:func:`_checked`). A failed check warns once and the caller takes torch's calls.
+probe destroys both groups and winds the counter back. A failed check warns once and the caller
+takes torch's calls.
 """
 
 from __future__ import annotations
@@ -364,11 +365,17 @@ def new_group_ok(backend: str, create: Callable[..., Any], makers: tuple[Any, ..
     group (decided once per default group, by the same checks on every rank)."""
     key = id(c10d._get_default_group())
     if key not in _state:
+        gate = GATES["new_group"]
+        # the probe's kept verdict is keyed by the gate's functions and hashes too: one verdict
         reason = (
             _static_reason()
-            or GATES["new_group"].recognise()
-            or _names_reason()
-            or _checked("new_group", {"backend": backend}, lambda: _probe_reason(backend, create), makers)
+            or gate.unread()
+            or _checked(
+                "new_group",
+                {"backend": backend},
+                lambda: gate.hashes_reason() or _names_reason() or _probe_reason(backend, create),
+                makers,
+            )
         )
         _state.clear()
         _state[key] = reason is None
@@ -399,10 +406,19 @@ def split_ok(split: Callable[..., Any], makers: tuple[Any, ...]) -> bool:
             (None if SPLIT_SHAPE else f"torch {torch.__version__}'s split_group is not the one rankmesh reproduces")
             or (f"torch.distributed lacks {missing}" if missing else None)
             or _static_reason()
-            or GATES["split_group"].recognise()
-            or GATES["new_group"].recognise()
-            or _names_reason()
-            or _checked("split_group", extra, lambda: _split_probe_reason(split), makers)
+            or GATES["split_group"].unread()
+            or GATES["new_group"].unread()
+            or _checked(
+                "split_group",
+                extra,
+                lambda: (
+                    GATES["split_group"].hashes_reason()
+                    or GATES["new_group"].hashes_reason()
+                    or _names_reason()
+                    or _split_probe_reason(split)
+                ),
+                makers,
+            )
         )
         _split_state.clear()
         _split_state[key] = reason is None

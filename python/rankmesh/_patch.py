@@ -136,16 +136,35 @@ class Gate:
         release = self.release()
         return None if release is None else self.bodies[release]
 
-    def recognise(self) -> str | None:
-        """Why the installed code is not the code read (not installed, a version not read, a function
-        missing, a body not the table's), or None; memoised while the functions are the same."""
+    def unread(self) -> str | None:
+        """Why the installed release is not one read (not installed, another version, a path its
+        entry lacks), or None: what :meth:`recognise` decides without reading a function."""
         reason = _dependencies.unsupported(self.dependency, self.releases, reader=self.reader)
+        if reason is None and any(p not in (self.known() or {}) for p in self.paths):
+            missing = [p for p in self.paths if p not in (self.known() or {})]
+            reason = f"rankmesh has not read {missing} of {self.dependency} {self.release()}"
+        return reason
+
+    def hashes_reason(self) -> str | None:
+        """Why a function is missing or its body is not the table's, hashed now (no cache), or None:
+        for a check whose own kept verdict's key already holds these functions and hashes."""
+        known = self.known() or {}
+        fns = []
+        for path in self.paths:
+            try:
+                fns.append(resolve(path))
+            except (ImportError, AttributeError):
+                return f"{path} does not exist"
+        return _hashes_reason(self.paths, fns, known)
+
+    def recognise(self) -> str | None:
+        """:meth:`unread`, else :meth:`hashes_reason` kept once per install (keyed by the hashes
+        known and each function's file, first line, size and mtime); memoised per process while the
+        functions are the same objects."""
+        reason = self.unread()
         if reason is not None:
             return reason
         known = self.known() or {}
-        missing = [p for p in self.paths if p not in known]
-        if missing:
-            return f"rankmesh has not read {missing} of {self.dependency} {self.release()}"
         fns = []
         for path in self.paths:
             try:
