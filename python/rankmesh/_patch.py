@@ -140,22 +140,24 @@ class Gate:
         """Why the installed release is not one read (not installed, another version, a path its
         entry lacks), or None: what :meth:`recognise` decides without reading a function."""
         reason = _dependencies.unsupported(self.dependency, self.releases, reader=self.reader)
-        if reason is None and any(p not in (self.known() or {}) for p in self.paths):
-            missing = [p for p in self.paths if p not in (self.known() or {})]
-            reason = f"rankmesh has not read {missing} of {self.dependency} {self.release()}"
-        return reason
+        missing = [] if reason is not None else [p for p in self.paths if p not in (self.known() or {})]
+        return reason or (f"rankmesh has not read {missing} of {self.dependency} {self.release()}" if missing else None)
 
-    def hashes_reason(self) -> str | None:
-        """Why a function is missing or its body is not the table's, hashed now (no cache), or None:
-        for a check whose own kept verdict's key already holds these functions and hashes."""
-        known = self.known() or {}
+    def _functions(self) -> list[Any] | str:
+        """The functions at :attr:`paths`, or why one does not exist."""
         fns = []
         for path in self.paths:
             try:
                 fns.append(resolve(path))
             except (ImportError, AttributeError):
                 return f"{path} does not exist"
-        return _hashes_reason(self.paths, fns, known)
+        return fns
+
+    def hashes_reason(self) -> str | None:
+        """Why a function is missing or its body is not the table's, hashed now (no cache), or None:
+        for a check whose own kept verdict's key already holds these functions and hashes."""
+        fns = self._functions()
+        return fns if isinstance(fns, str) else _hashes_reason(self.paths, fns, self.known() or {})
 
     def recognise(self) -> str | None:
         """:meth:`unread`, else :meth:`hashes_reason` kept once per install (keyed by the hashes
@@ -165,12 +167,9 @@ class Gate:
         if reason is not None:
             return reason
         known = self.known() or {}
-        fns = []
-        for path in self.paths:
-            try:
-                fns.append(resolve(path))
-            except (ImportError, AttributeError):
-                return f"{path} does not exist"
+        fns = self._functions()
+        if isinstance(fns, str):
+            return fns
         codes = tuple(_code(fn) for fn in fns)
         memo = self._memo
         if memo and memo[:2] == (_verdicts.generation(), known) and all(a is b for a, b in zip(memo[2], codes)):
