@@ -114,6 +114,14 @@ DEPENDENCIES: dict[str, Dependency] = {
             "megatron.core.package_info:__version__",
         ),
         Dependency(
+            "deepspeed",
+            "deepspeed",
+            ("0.19",),
+            "deepspeed",
+            "the deepspeed_topology and deepspeed_grid patches (its pipeline topology and grid)",
+            "deepspeed:__version__",
+        ),
+        Dependency(
             "einops", "einops", ("0",), "megatron", "megatron-core's partial-DistOpt and hierarchical-cp groups"
         ),
         Dependency(

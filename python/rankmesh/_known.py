@@ -36,6 +36,7 @@ _DM = "torch.distributed.device_mesh"
 _C10D = "torch.distributed.distributed_c10d"
 _PS = "megatron.core.parallel_state"
 _FSDP = "megatron.core.distributed.fsdp.mcore_fsdp_adapter"
+_DS = "deepspeed.runtime.pipe.topology"
 _LE = {"spmd_types._mesh_axis.MeshAxis.__le__": "a7be55d60579d6bb"}
 
 TABLES: dict[str, dict[str, Release]] = {
@@ -85,6 +86,29 @@ TABLES: dict[str, dict[str, Release]] = {
     "torchtitan": {"0.3.0": Release({})},
     # one MeshAxis.__le__ in every release since 0.2.3
     "spmd_types": {r: Release(_LE) for r in ("0.2.3", "0.2.4", "0.3.0", "0.3.1")},
+    # 0.19.8's pipe/topology.py is the same file as v0.19.5's (git blob 4b10776)
+    "deepspeed": {
+        "0.19": Release(
+            {
+                "deepspeed.comm.comm.new_group": "4f4fb36f5c19c85e",
+                "deepspeed.comm.torch.TorchBackend.new_group": "8f95d2f8e85b523b",
+                f"{_DS}.PipeDataParallelTopology.__init__": "32bd57fdb04117fe",
+                f"{_DS}.PipelineParallelGrid.__init__": "35a6a4edbc8fe1a4",
+                f"{_DS}.PipelineParallelGrid._build_p2p_groups": "51fe861791db3b2c",
+                f"{_DS}.PipelineParallelGrid._is_grid_valid": "1aff4b4be4befbe3",
+                f"{_DS}.PipelineParallelGrid.get_data_parallel_id": "671f17e8d4071b40",
+                f"{_DS}.PipelineParallelGrid.get_stage_id": "c94156a7e1e7bdba",
+                f"{_DS}.ProcessTopology.__init__": "9b2931f87392a546",
+                f"{_DS}.ProcessTopology.get_axis_comm_lists": "6df706b0e5bdae79",
+                f"{_DS}.ProcessTopology.get_axis_list": "11181cc0166301c1",
+                f"{_DS}.ProcessTopology.get_axis_names": "6ed0471696a74838",
+                f"{_DS}.ProcessTopology.get_coord": "d40910ae74cf8e60",
+                f"{_DS}.ProcessTopology.get_dim": "ce365b41efcb3620",
+                f"{_DS}.ProcessTopology.get_rank": "d3edd6e846b34b63",
+                f"{_DS}._prime_factors": "9fb77e1c79b02fb8",
+            }
+        ),
+    },
     "megatron-core": {
         "0.16": Release(
             {

@@ -212,7 +212,7 @@ def _hashes_reason(paths: tuple[str, ...], fns: list[Any], known: dict[str, str]
 #: (rankmesh's writes to c10d's registry) and ``rank_tables`` (its lazy rank tables there).
 SWITCHES = frozenset(
     "concatenate spmd_axis_le torchtitan megatron megatron_fsdp init_process_groups init_device_mesh fast_groups "
-    "rank_tables".split()
+    "rank_tables deepspeed_topology deepspeed_grid".split()
 )
 _disabled: list[frozenset[str]] = []  # read from the environment once per process
 
@@ -246,7 +246,9 @@ class Patch:
     ``RANKMESH_DISABLE`` takes; ``why`` and ``detail`` are for people (the README, the warning);
     ``gate`` is the code it was written against; ``check(original)`` says why not for what only
     this patch cares about; ``wrap`` (``staticmethod``) stores it on a class; ``aliases`` are
-    modules re-exporting the attribute, which get the replacement too and are restored with it.
+    modules re-exporting the attribute, which get the replacement too and are restored with it;
+    ``also`` replaces more attributes of the same owner (``{attribute: make}``, each
+    ``make(original)``), swapped and put back with the first, never one without the others.
     """
 
     def __init__(
@@ -262,15 +264,17 @@ class Patch:
         check: Callable[[Any], str | None] | None = None,
         wrap: Callable[[Any], Any] | None = None,
         aliases: tuple[str, ...] = (),
+        also: dict[str, Callable[[Any], Any]] | None = None,
     ) -> None:
         if name not in SWITCHES:
             raise ValueError(f"patch {name!r} is not in rankmesh._patch.SWITCHES; list it there")
         self.name, self.owner, self.attribute, self.why, self.gate = name, owner, attribute, why, gate
-        self.detail, self.aliases = detail, aliases
+        self.detail, self.aliases, self.also = detail, aliases, dict(also or {})
         self._make, self._check, self._wrap = make, check, wrap
         self._original: Any = None
         self._replacement: Any = None
         self._holder: Any = None
+        self._also: dict[str, tuple[Any, Any]] = {}  # attribute -> (original, replacement)
 
     @property
     def versions(self) -> str:
@@ -310,8 +314,9 @@ class Patch:
         except (ImportError, AttributeError) as e:
             return f"{self.owner} is not importable ({type(e).__name__}: {e})"
         original = holder.__dict__.get(self.attribute)
-        if original is None:
-            return f"{self.target} does not exist"
+        missing = [a for a in (self.attribute, *self.also) if holder.__dict__.get(a) is None]
+        if missing:
+            return f"{self.owner}.{missing[0]} does not exist"
         return (self._check(original) if self._check is not None else None) or self.gate.recognise()
 
     def install(self, *args: Any) -> bool:
@@ -337,8 +342,16 @@ class Patch:
             fn = self._make(raw, *args)
             fn.__wrapped__ = raw
             replacement = self._wrap(fn) if self._wrap is not None else fn
+            also = {}
+            for attribute, make in self.also.items():
+                was = holder.__dict__[attribute]
+                new = make(was)
+                new.__wrapped__ = was
+                also[attribute] = (was, new)
             setattr(holder, self.attribute, replacement)
-            self._holder, self._original, self._replacement = holder, original, replacement
+            for attribute, (_, new) in also.items():
+                setattr(holder, attribute, new)
+            self._holder, self._original, self._replacement, self._also = holder, original, replacement, also
             for alias in self.aliases:  # one imported later binds the replacement itself
                 module = sys.modules.get(alias)
                 if module is not None and module.__dict__.get(self.attribute) is original:
@@ -350,12 +363,16 @@ class Patch:
         with _lock:
             if self.installed:
                 setattr(self._holder, self.attribute, self._original)
+                for attribute, (was, new) in self._also.items():
+                    if self._holder.__dict__.get(attribute) is new:
+                        setattr(self._holder, attribute, was)
             for alias in self.aliases:
                 module = sys.modules.get(alias)
                 if module is not None and self._replacement is not None:
                     if module.__dict__.get(self.attribute) is self._replacement:
                         setattr(module, self.attribute, self._original)
             self._holder = self._original = self._replacement = None
+            self._also = {}
 
     def original(self) -> Any:
         """The function replaced (or to be): what runs when it is not installed."""

@@ -15,8 +15,8 @@ versions and which exact function bodies it recognises, whether it is installed,
 
     >>> import rankmesh.patches as patches
     >>> sorted(patches.REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['concatenate', 'init_device_mesh', 'init_process_groups', 'megatron', 'megatron_fsdp',
-     'spmd_axis_le', 'torchtitan']
+    ['concatenate', 'deepspeed_grid', 'deepspeed_topology', 'init_device_mesh', 'init_process_groups',
+     'megatron', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
     >>> p = patches.get("concatenate")
     >>> p.target, p.installed in (True, False)
     ('torch.distributed.device_mesh.DeviceMesh._concatenate', True)
@@ -24,7 +24,7 @@ versions and which exact function bodies it recognises, whether it is installed,
 
 from __future__ import annotations
 
-from rankmesh import devicemesh, mesh, torchtitan
+from rankmesh import deepspeed, devicemesh, mesh, torchtitan
 from rankmesh._known import TABLES
 from rankmesh._patch import Gate, Patch, disabled, resolve, source_hash
 from rankmesh.errors import UnknownNameError
@@ -37,7 +37,15 @@ __all__ = ["REGISTRY", "Gate", "Patch", "disabled", "gates", "get", "hashes", "i
 #: Every patch rankmesh can install, by name.
 REGISTRY: dict[str, Patch] = {
     p.name: p
-    for p in (mesh.CONCATENATE, spmd_axis.PATCH, torchtitan.PATCH, route.PATCH, fsdp.PATCH, *devicemesh.PATCHES)
+    for p in (
+        mesh.CONCATENATE,
+        spmd_axis.PATCH,
+        torchtitan.PATCH,
+        route.PATCH,
+        fsdp.PATCH,
+        *devicemesh.PATCHES,
+        *deepspeed.PATCHES,
+    )
 }
 
 

@@ -14,6 +14,7 @@ module imported                                        patches installed
 ``torchtitan.distributed.parallel_dims``               ``torchtitan``
 ``megatron.core.parallel_state``                       ``megatron``
 ``megatron.core.distributed.fsdp.mcore_fsdp_adapter``  ``megatron_fsdp``
+``deepspeed.runtime.pipe.topology``                    ``deepspeed_topology``, ``deepspeed_grid``
 =====================================================  =========================================
 
 Each patch is gated as always, by the release of its dependency and the bodies of the functions
@@ -58,6 +59,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "torchtitan.distributed.parallel_dims": ("rankmesh.torchtitan:PATCH",),
     "megatron.core.parallel_state": ("rankmesh.megatron.route:PATCH",),
     "megatron.core.distributed.fsdp.mcore_fsdp_adapter": ("rankmesh.megatron.fsdp:PATCH",),
+    "deepspeed.runtime.pipe.topology": ("rankmesh.deepspeed:TOPOLOGY", "rankmesh.deepspeed:GRID"),
 }
 
 _log = logging.getLogger("rankmesh")
