@@ -39,6 +39,7 @@ def ds_comm_init() -> None:
 def draw(rng: random.Random, world: int) -> dict[str, Any]:
     """A random topology of ``world`` ranks: DeepSpeed's two classes, DeepSpeed's default (None),
     or a ProcessTopology of its own axes and order (a fourth axis, data before pipe, no model)."""
+
     def split(n: int, parts: int) -> list[int]:
         out = []
         for _ in range(parts - 1):
@@ -57,7 +58,8 @@ def draw(rng: random.Random, world: int) -> dict[str, Any]:
         return {"kind": kind, "num_pp": pp, "num_dp": dp}
     if kind == "default":
         return {"kind": kind}
-    axes = rng.choice([["pipe", "data", "model", "seq"], ["data", "pipe", "model"], ["model", "pipe", "data"], ["data", "pipe"]])
+    orders = [["pipe", "data", "model", "seq"], ["data", "pipe", "model"], ["model", "pipe", "data"], ["data", "pipe"]]
+    axes = rng.choice(orders)
     return {"kind": kind, "axes": axes, "dims": split(world, len(axes))}
 
 

@@ -18,8 +18,9 @@ pytest.importorskip("torch")
 pytest.importorskip("deepspeed.runtime.pipe.topology")
 
 import torch.distributed as dist  # noqa: E402
+from rankmesh import _dependencies  # noqa: E402
+from rankmesh import deepspeed as rds  # noqa: E402
 
-from rankmesh import _dependencies, deepspeed as rds  # noqa: E402
 from tests import deepspeed_pipe as dp  # noqa: E402
 from tests.conftest import fake_world, plant_body  # noqa: E402
 from tests.frameworks import run_json  # noqa: E402
@@ -96,11 +97,13 @@ def test_a_2_17_world_answers_as_deepspeeds_topology_computes_it(mp):
         ds_model = sorted(oracle.get_axis_list("data", coord.data))
         assert dist.get_process_group_ranks(grid.ds_model_proc_group) == ds_model
         assert grid.ds_model_rank == ds_model.index(rank)
-        for axis, mine, pg in (("data", grid.dp_group, grid.dp_proc_group), ("pipe", grid.pp_group, grid.pp_proc_group)):
+        for axis, mine, pg, name in (
+            ("data", grid.dp_group, grid.dp_proc_group, "dp_groups"),
+            ("pipe", grid.pp_group, grid.pp_proc_group, "pipe_groups"),
+        ):
             lists = oracle.get_axis_comm_lists(axis)
             assert [g for g in lists if rank in g] == [mine] and dist.get_process_group_ranks(pg) == mine
-            assert len(getattr(grid, {"data": "dp_groups", "pipe": "pipe_groups"}[axis])) == len(lists)
-            assert getattr(grid, {"data": "dp_groups", "pipe": "pipe_groups"}[axis])[-1] == lists[-1]
+            assert len(getattr(grid, name)) == len(lists) and getattr(grid, name)[-1] == lists[-1]
         expected_slice = [rank] if mp == 1 else [g for g in oracle.get_axis_comm_lists("model") if rank in g][0]
         assert grid.slice_group == expected_slice
         assert dist.get_process_group_ranks(grid.slice_proc_group) == expected_slice
