@@ -542,6 +542,25 @@ def _megatron_cleanup() -> None:
         megatron_snapshot.reset()  # what megatron-core's destroy leaves set
 
 
+def _deepspeed_cfg(rng: random.Random, world: int) -> dict:
+    from tests import deepspeed_pipe
+
+    while True:  # DeepSpeed's grid needs a pipe and a data axis
+        cfg = deepspeed_pipe.draw(rng, world)
+        if cfg["kind"] != "custom" or {"pipe", "data"} <= set(cfg["axes"]):
+            return cfg
+
+
+def road_deepspeed_pipe(world: int, rank: int, cfg: dict) -> None:
+    """DeepSpeed 0.19's own ``PipelineParallelGrid`` (as ``PipelineModule`` builds it) under the one switch."""
+    from rankmesh import patches
+    from tests import deepspeed_pipe
+
+    assert patches.get("deepspeed_grid").installed  # else this road checks DeepSpeed's own loops
+    deepspeed_pipe.ds_comm_init()
+    deepspeed_pipe.build(cfg)
+
+
 def _recovery_cfg(rng: random.Random, world: int) -> dict:
     dims = _titan_cfg(rng, world)
     dims["ep"] = 1
@@ -623,6 +642,13 @@ ROADS: dict[str, Road] = {
         setup=lambda: __import__("tests.mp.megatron_snapshot"),
     ),
     "recovery": Road(road_recovery, _recovery_cfg),
+    "deepspeed_pipe": Road(
+        road_deepspeed_pipe,
+        _deepspeed_cfg,
+        needs="deepspeed.runtime.pipe.topology",
+        switch=True,
+        setup=lambda: __import__("deepspeed.runtime.pipe.topology"),
+    ),
 }
 
 

@@ -34,6 +34,7 @@ patches this environment would get and why the others would not.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
@@ -195,7 +196,8 @@ def status() -> list[tuple[str, str, str, str]]:
         elif version is None:
             rows.append((p.name, p.target, "off", f"{p.dependency} is not installed"))
         else:
-            reason = p.recognise()
+            with contextlib.redirect_stdout(sys.stderr):  # what a framework prints on import (DeepSpeed's
+                reason = p.recognise()  # accelerator line) is not this table
             state, why = ("ready", f"{p.dependency} {version}: release and bodies recognised")
             rows.append((p.name, p.target, state, why) if reason is None else (p.name, p.target, "off", reason))
     rows.append(_fast_groups_row())

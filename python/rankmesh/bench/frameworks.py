@@ -134,6 +134,27 @@ def deepspeed_meshes(world: int) -> list[Any]:
     return built
 
 
+def deepspeed_pipe_grid(world: int) -> list[Any]:
+    """DeepSpeed's pipeline grid as ``PipelineModule`` builds it:
+    ``PipelineParallelGrid(topology=PipeModelDataParallelTopology(num_pp=4, num_mp=8, num_dp=W/32))``
+    after ``deepspeed.comm`` wraps the world; its four process groups (DeepSpeed-model, data,
+    pipe, slice). Rank 0 prints the topology (W entries): its output is dropped."""
+    import contextlib
+    import io
+
+    import deepspeed.comm as ds_comm
+    import deepspeed.ops
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+    from deepspeed.utils import groups
+
+    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
+    groups._release_process_group_references()
+    ds_comm.init_distributed(dist_backend="gloo")
+    with contextlib.redirect_stdout(io.StringIO()):
+        grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(num_pp=4, num_mp=8, num_dp=world // 32))
+    return [grid.ds_model_proc_group, grid.dp_proc_group, grid.pp_proc_group, grid.slice_proc_group]
+
+
 FRAMEWORKS: dict[str, Framework] = {
     "transformers": Framework(
         "transformers",
@@ -167,5 +188,12 @@ FRAMEWORKS: dict[str, Framework] = {
         ("deepspeed.comm", "deepspeed.comm.mori", "deepspeed.utils.groups", "deepspeed.accelerator"),
         deepspeed_meshes,
         shape="data_parallel W/8 x tensor_parallel 8 (AutoTP), data_parallel W/8 x sequence_parallel 8 (mesh_param)",
+    ),
+    "deepspeed_pipe": Framework(
+        "deepspeed",
+        "0.19.8",
+        ("deepspeed.comm", "deepspeed.utils.groups", "deepspeed.runtime.pipe.topology", "deepspeed.accelerator"),
+        deepspeed_pipe_grid,
+        shape="PipelineParallelGrid: pipe 4 x data W/32 x model 8 (its four groups)",
     ),
 }

@@ -334,7 +334,9 @@ def _check_switch(impl: str, recipe: str) -> float:
         return 0.0
     from rankmesh import switch
 
-    want = {"torchtitan": "torchtitan", "megatron": "megatron"}.get(recipe, "init_process_groups")
+    want = {"torchtitan": "torchtitan", "megatron": "megatron", "deepspeed_pipe": "deepspeed_grid"}.get(
+        recipe, "init_process_groups"
+    )
     installed = {p.name for p in switch.patches() if p.installed}
     if (want in installed) != (impl == "rankmesh"):
         state = "in place" if want in installed else "not in place"
