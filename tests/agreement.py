@@ -554,6 +554,7 @@ def _deepspeed_cfg(rng: random.Random, world: int) -> dict:
 def road_deepspeed_pipe(world: int, rank: int, cfg: dict) -> None:
     """DeepSpeed 0.19's own ``PipelineParallelGrid`` (as ``PipelineModule`` builds it) under the one switch."""
     from rankmesh import patches
+
     from tests import deepspeed_pipe
 
     assert patches.get("deepspeed_grid").installed  # else this road checks DeepSpeed's own loops

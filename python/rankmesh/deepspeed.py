@@ -103,17 +103,12 @@ class Coords(Mapping):
         True
     """
 
-    __slots__ = ("_coord", "_dims", "_strides", "_size")
+    __slots__ = ("_coord", "_dims", "_size")
 
     def __init__(self, coord_type: Any, dims: Sequence[int]) -> None:
         self._coord = coord_type
         self._dims = tuple(dims)
-        strides, s = [], 1
-        for d in reversed(self._dims):
-            strides.append(s)
-            s *= d
-        self._strides = tuple(reversed(strides))
-        self._size = s
+        self._size = math.prod(self._dims)
 
     def rank(self, key: Any) -> int | None:
         """The rank at coordinate ``key`` (a tuple as the stock dict takes it), or None."""
@@ -121,7 +116,7 @@ class Coords(Mapping):
         if not isinstance(key, tuple) or len(key) != len(self._dims):
             return None
         rank = 0
-        for c, d, s in zip(key, self._dims, self._strides):
+        for c, d in zip(key, self._dims):  # row-major: the last axis varies fastest
             if type(c) is not int:
                 try:  # what equals (and hashes as) an int finds the stock dict's entry: True, 1.0, np.int64
                     if c != int(c):
@@ -131,7 +126,7 @@ class Coords(Mapping):
                     return None
             if not 0 <= c < d:
                 return None
-            rank += c * s
+            rank = rank * d + c
         return rank
 
     def coord(self, rank: int) -> Any:
@@ -161,8 +156,11 @@ class Coords(Mapping):
         make = self._coord._make
         return (make(c) for c in itertools.product(*(range(d) for d in self._dims)))
 
-    def __repr__(self) -> str:
-        return repr(dict(zip(self, range(self._size))))
+    def __repr__(self) -> str:  # the stock dict's, which DeepSpeed prints on rank 0: O(W) once, 3x faster
+        fields = ", ".join(f"{f}=%r" for f in self._coord._fields)
+        item = f"{self._coord.__name__}({fields}): %d"
+        coords = itertools.product(*(range(d) for d in self._dims))
+        return "{" + ", ".join(item % (*c, r) for r, c in enumerate(coords)) + "}"
 
     def __reduce__(self) -> tuple[Any, ...]:  # a copy is the stock dict (a namedtuple type made at run time)
         return (dict, (list(zip(self, range(self._size))),))
@@ -248,43 +246,37 @@ class Lists(Sequence):
 
 
 class _Shape:
-    """Row-major arithmetic of a topology's ``axes`` and ``dims``."""
+    """A topology's ``axes`` and ``dims`` as a world layout: the core answers which ranks a group
+    holds (:class:`~rankmesh.MeshLayout`, :class:`~rankmesh.Slice`)."""
 
     def __init__(self, axes: Sequence[str], dims: Sequence[int]) -> None:
-        self.axes, self.dims = list(axes), list(dims)
-        self.coords = Coords(namedtuple("Coord", range(len(self.dims)), rename=True), self.dims)
-        self.strides = self.coords._strides
-        self.size = self.coords._size
+        from rankmesh._native import MeshLayout
+
+        self.axes = list(axes)
+        self.layout = MeshLayout.world(math.prod(dims)).unflatten(0, list(dims), self.axes)
 
     def along(self, rank: int, axis: str) -> list[int]:
         """The ranks that differ from ``rank`` in ``axis`` only, ascending."""
-        a = self.axes.index(axis)
-        stride, c = self.strides[a], self.coords.coord(rank)[a]
-        base = rank - c * stride
-        return [base + k * stride for k in range(self.dims[a])]
+        return self.layout.group(rank, axis).tolist()
 
     def comm_lists(self, axis: str) -> Lists:
-        """``ProcessTopology.get_axis_comm_lists(axis)``, computed per item."""
-        a = self.axes.index(axis)
-        others = [i for i in range(len(self.dims)) if i != a]
-        inner = _Shape([self.axes[i] for i in others], [self.dims[i] for i in others])
+        """``ProcessTopology.get_axis_comm_lists(axis)``, computed per item: the i-th list starts
+        at the i-th rank of the other axes (row-major), and runs along ``axis``."""
+        from rankmesh._native import Slice
 
-        def item(i: int) -> list[int]:
-            base = sum(c * self.strides[j] for c, j in zip(inner.coords.coord(i), others))
-            return [base + k * self.strides[a] for k in range(self.dims[a])]
-
-        return Lists(self.size // self.dims[a], item)
+        firsts = Slice(0, [m for a in self.axes if a != axis for m in self.layout.modes(a)])
+        line = self.layout.modes(axis)
+        return Lists(len(firsts), lambda i: Slice(firsts.rank_at(i), line).ranks().tolist())
 
     def p2p(self) -> Lists:
         """``PipelineParallelGrid._build_p2p_groups()``: ``[r, the next stage's rank]`` per rank."""
-        a = self.axes.index("pipe")
-        stride, n = self.strides[a], self.dims[a]
+        pipe = self.axes.index("pipe")
 
         def item(r: int) -> list[int]:
-            c = self.coords.coord(r)[a]
-            return [r, r + ((c + 1) % n - c) * stride]
+            ranks = self.layout.group(r, pipe)
+            return [r, int(ranks[(self.layout.coordinate_of(r)[pipe] + 1) % len(ranks)])]
 
-        return Lists(self.size, item)
+        return Lists(self.layout.world_size, item)
 
 
 def _grid_reason(t: Any, topology: Any) -> str | None:
@@ -353,8 +345,7 @@ def _groups(grid: Any, shape: _Shape) -> None:
     from rankmesh._native import MeshLayout
     from rankmesh.process_groups import MeshBuilder
 
-    rank, world = grid.global_rank, grid.world_size
-    lay = MeshLayout.world(world).unflatten(0, shape.dims, shape.axes)
+    rank, world, lay = grid.global_rank, grid.world_size, shape.layout
     model_axes = tuple(a for a in shape.axes if a != "data")  # every rank with my data coordinate
     ds_model = lay[model_axes].flatten("ds_model")
     # DeepSpeed's groups are real groups, one-rank ones too; one builder: the same order on every rank

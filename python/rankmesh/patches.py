@@ -24,6 +24,9 @@ versions and which exact function bodies it recognises, whether it is installed,
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from rankmesh import deepspeed, devicemesh, mesh, torchtitan
 from rankmesh._known import TABLES
 from rankmesh._patch import Gate, Patch, disabled, resolve, source_hash
@@ -115,7 +118,9 @@ def hashes() -> str:
         lines += [f"# {dependency} {installed}: {state}", f'"{dependency}": {{', f'    "{key}": Release(', "        {"]
         for path in sorted({p for r in table.values() for p in r.bodies}):
             try:
-                lines.append(f'            "{path}": "{source_hash(resolve(path))}",')
+                with contextlib.redirect_stdout(sys.stderr):  # a framework's import chatter is not the entry
+                    fn = resolve(path)
+                lines.append(f'            "{path}": "{source_hash(fn)}",')
             except (ImportError, AttributeError, OSError, TypeError) as e:
                 lines.append(f"            # {path}: {type(e).__name__}: {e}")
         lines.append("        }," + ("" if release else "  # facts copied from the newest release: check them"))
@@ -124,8 +129,6 @@ def hashes() -> str:
 
 
 if __name__ == "__main__":  # python -m rankmesh.patches hashes
-    import sys
-
     if sys.argv[1:] != ["hashes"]:
         sys.exit("usage: python -m rankmesh.patches hashes   (the table entries for what is installed here)")
     print(hashes())

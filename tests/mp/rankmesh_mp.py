@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root: `python -m te
 WORKER = "tests.mp.worker"  # the module torchrun runs (``-m``); see worker_args
 TITAN_WORKER = "tests.mp.titan_worker"
 MEGATRON_WORKER = "tests.mp.megatron_worker"
+DEEPSPEED_WORKER = "tests.mp.deepspeed_worker"
 WORKLOAD_WORKER = "tests.mp.workload_worker"
 
 

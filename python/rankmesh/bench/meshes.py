@@ -578,7 +578,12 @@ def _parser() -> argparse.ArgumentParser:
         "--recipe", choices=RECIPES, action="append", help=f"only these recipes (default: all {len(RECIPES)} installed)"
     )
     p.add_argument("--path", choices=PATHS, action="append", help="only these process-group paths")
-    p.add_argument("--rank", type=int, default=0, help="rank to stand in for (default: 0)")
+    p.add_argument(
+        "--rank",
+        type=lambda v: v if v == "mid" else int(v),
+        default=0,
+        help="rank to stand in for (default: 0; mid: W/2 + 3, a rank in the middle of every world)",
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="results folder (default: benches/results when run from the repo)"
     )
@@ -632,7 +637,8 @@ def _measure_points(
                     for i in range(_samples(args, impl, world)):
                         worker = ["--worker", impl, "--recipe", recipe, "--path", path, "--world", str(world)]
                         switch = impl == "rankmesh" and recipe in SWITCHED
-                        s = _run_worker([*worker, "--rank", str(args.rank)], cache, switch=switch)
+                        rank = world // 2 + 3 if args.rank == "mid" else args.rank
+                        s = _run_worker([*worker, "--rank", str(rank)], cache, switch=switch)
                         s["fresh"] = fresh and i == 0
                         samples.append(s)
                         print(
