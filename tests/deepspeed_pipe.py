@@ -139,3 +139,110 @@ def patched(on: bool) -> Iterator[None]:
     finally:
         for p in rds.PATCHES:
             p.restore()
+
+
+# -- deepspeed.utils.groups ------------------------------------------------------------------------
+
+
+class Mpu:
+    """The model-parallel unit ``_create_expert_data_and_model_parallel`` reads (as Megatron's or the
+    grid's): tensor and pipeline sizes, the default group as the data-parallel one."""
+
+    def __init__(self, tp: int, pp: int) -> None:
+        self.tp, self.pp = tp, pp
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.tp
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.pp
+
+    def get_data_parallel_group(self) -> Any:
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+
+def draw_groups(rng: random.Random, world: int) -> list[tuple[str, dict[str, Any]]]:
+    """A random sequence of ``deepspeed.utils.groups`` calls (the four loops) for ``world`` ranks."""
+
+    def divisor(n: int) -> int:
+        return rng.choice([d for d in range(1, n + 1) if n % d == 0])
+
+    tp = divisor(world)
+    calls = [("_init_tp_groups_with_new_group", {"tensor_model_parallel_size": tp})]
+    if rng.random() < 0.5:
+        calls[0][1]["data_parallel_size"] = world // tp
+    calls.append(("_create_zero_param_parallel_group", {"group_size": divisor(world) * rng.choice([1, 1, 2])}))
+    pp = divisor(world)
+    calls.append(
+        (
+            "_create_expert_and_data_parallel",
+            {
+                "expert_parallel_size_": divisor(world // pp),
+                "pp_size": pp,
+                "use_data_before_expert_parallel_": rng.random() < 0.5,
+            },
+        )
+    )
+    tp2 = divisor(world)
+    pp2 = divisor(world // tp2)
+    calls.append(
+        (
+            "_create_expert_data_and_model_parallel",
+            {"expert_parallel_size_": divisor(world // (tp2 * pp2)), "mpu": (tp2, pp2)},
+        )
+    )
+    return calls
+
+
+def run_groups(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Make the calls (DeepSpeed's globals reset first); what DeepSpeed reads of its globals after."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups as g
+
+    g._release_process_group_references()
+    out: dict[str, Any] = {}
+    for name, kwargs in calls:
+        kwargs = dict(kwargs)
+        if "mpu" in kwargs:
+            kwargs["mpu"] = Mpu(*kwargs["mpu"])
+        try:
+            getattr(g, name)(**kwargs)
+            out[name] = "ok"
+        except Exception as e:  # noqa: BLE001 - the same error both ways is the answer
+            out[name] = f"{type(e).__name__}: {e}"
+
+    def ranks(pg: Any) -> Any:
+        return None if pg is None else dist.get_process_group_ranks(pg)
+
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP"):
+        out[name] = {k: ranks(v) for k, v in getattr(g, name).items()}
+        out[name + "_RANKS"] = {k: (type(v).__name__, list(v)) for k, v in getattr(g, name + "_RANKS").items()}
+    for name in ("_ZERO_PARAM_INTRA_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP"):
+        out[name] = ranks(getattr(g, name))
+    out["model is tensor"] = g._MODEL_PARALLEL_GROUP is g._TENSOR_MODEL_PARALLEL_GROUP
+    out["expert_tensor_parallel_world_size"] = g.expert_tensor_parallel_world_size
+    for key in g._EXPERT_PARALLEL_GROUP:
+        out[f"getters {key}"] = [
+            g._get_expert_parallel_world_size(key),
+            g._get_expert_parallel_rank(key),
+            g._get_expert_parallel_src_rank(key),
+        ]
+    for key in g._EXPERT_DATA_PARALLEL_GROUP:
+        out[f"getters edp {key}"] = [g._get_expert_data_parallel_world_size(key), g._get_expert_data_parallel_rank(key)]
+    if g._ZERO_PARAM_INTRA_PARALLEL_GROUP is not None:
+        out["zero getters"] = [
+            g._get_zero_param_intra_parallel_rank_in_mygroup(),
+            g._get_zero_param_intra_parallel_group_world_size(),
+            g._get_zero_param_intra_parallel_group_ranks(),
+        ]
+    if g._TENSOR_MODEL_PARALLEL_GROUP is not None:
+        out["tp getters"] = [
+            g.get_tensor_model_parallel_rank(),
+            g.get_tensor_model_parallel_world_size(),
+            g.get_tensor_model_parallel_src_rank(),
+            g.get_data_parallel_rank(),
+            g.get_data_parallel_world_size(),
+        ]
+    return out

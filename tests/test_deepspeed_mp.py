@@ -51,7 +51,7 @@ def test_the_switch_is_on_in_one_run_only(runs):
     stock = mp.assert_check(*runs["stock"], "grid", WORLD)
     switch = mp.assert_check(*runs["switch"], "grid", WORLD)
     assert all(d["patches"] == [] for d in stock.values())
-    assert all(d["patches"] == ["deepspeed_grid", "deepspeed_topology"] for d in switch.values())
+    assert all(d["patches"] == ["deepspeed_grid", "deepspeed_groups", "deepspeed_topology"] for d in switch.values())
 
 
 def test_every_rank_reads_the_same_grid_both_ways(runs):

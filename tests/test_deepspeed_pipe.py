@@ -233,7 +233,7 @@ def test_an_unread_release_or_body_runs_deepspeeds_own_code_with_one_warning(mon
     assert any("deepspeed 0.20.0 is not a version this patch has read (supported: 0.19)" in m for m in texts), texts
 
 
-def test_the_switch_installs_both_when_deepspeeds_topology_is_imported_and_the_grid_is_rankmeshs():
+def test_the_switch_installs_the_three_when_deepspeed_is_imported_and_the_grid_is_rankmeshs():
     code = """
 import contextlib, io, json, sys
 import torch.distributed as dist
@@ -251,6 +251,60 @@ print(json.dumps({"installed": sorted(n for n in patches.installed() if n.starts
 """
     on = run_json(code, [2051], "1")
     off = run_json(code, [2051], None)
-    assert on["installed"] == ["deepspeed_grid", "deepspeed_topology"] and off["installed"] == []
+    assert on["installed"] == ["deepspeed_grid", "deepspeed_groups", "deepspeed_topology"] and off["installed"] == []
     assert on["pp"] == off["pp"] == [3, 1027, 2051, 3075]
     assert on["groups"] <= 4 and off["groups"] == 128 + 32 + 1024 + 512
+
+
+# -- deepspeed.utils.groups ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exp", [4, 6, 8, 10])
+def test_deepspeeds_group_loops_leave_the_same_globals_on_random_configurations(exp):
+    world = 2**exp
+    rng = random.Random(100 + exp)
+    for _ in range(4):
+        calls = dp.draw_groups(rng, world)
+        rank = rng.randrange(world)
+        got, made = [], []
+        for on in (False, True):
+            with fake_world(world, rank), dp.patched(on):
+                dp.ds_comm_init()
+                before = dist.distributed_c10d._world.group_count
+                got.append(dp.run_groups(calls))
+                made.append(dist.distributed_c10d._world.group_count - before)
+        stock, ours = got
+        assert ours == stock, (calls, rank, {k for k in stock if stock[k] != ours.get(k)})
+        assert all(v == "ok" for k, v in stock.items() if k in dict(calls)), stock
+        assert made[1] <= 8 and made[0] >= 7, (calls, made)  # 2 + 1 + 2 + 2 groups (+ a one-off probe); stock: all
+
+
+def test_a_recorded_new_group_gets_deepspeeds_own_calls_as_its_autotp_tests_expect(monkeypatch):
+    """DeepSpeed's test_autotp_training asserts the exact call list of _init_tp_groups_with_new_group."""
+    from deepspeed.utils import groups
+
+    calls = []
+    with fake_world(4, 2), dp.patched(True):
+        dp.ds_comm_init()
+        monkeypatch.setattr(groups.dist, "new_group", lambda ranks: calls.append(tuple(ranks)) or tuple(ranks))
+        groups._release_process_group_references()
+        groups._init_tp_groups_with_new_group(tensor_model_parallel_size=2)
+        assert calls == [(0, 2), (1, 3), (0, 1), (2, 3)]
+        assert (groups._DATA_PARALLEL_GROUP, groups._TENSOR_MODEL_PARALLEL_GROUP) == ((0, 2), (2, 3))
+
+
+def test_bad_sizes_raise_deepspeeds_own_errors_both_ways():
+    bad = [
+        ("_init_tp_groups_with_new_group", {"tensor_model_parallel_size": 3}),
+        ("_init_tp_groups_with_new_group", {"tensor_model_parallel_size": 2, "data_parallel_size": 3}),
+        ("_create_zero_param_parallel_group", {"group_size": 3}),
+        ("_create_expert_and_data_parallel", {"expert_parallel_size_": 3, "pp_size": 2}),
+        ("_create_expert_data_and_model_parallel", {"expert_parallel_size_": 3, "mpu": (2, 1)}),
+    ]
+    for call in bad:
+        got = []
+        for on in (False, True):
+            with fake_world(16, 5), dp.patched(on):
+                dp.ds_comm_init()
+                got.append(dp.run_groups([call]))
+        assert got[1] == got[0] and got[0][call[0]].startswith("AssertionError"), (call, got)

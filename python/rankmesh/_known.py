@@ -106,6 +106,12 @@ TABLES: dict[str, dict[str, Release]] = {
                 f"{_DS}.ProcessTopology.get_dim": "ce365b41efcb3620",
                 f"{_DS}.ProcessTopology.get_rank": "d3edd6e846b34b63",
                 f"{_DS}._prime_factors": "9fb77e1c79b02fb8",
+                "deepspeed.utils.groups._create_expert_and_data_parallel": "aa5eee3d36b4848b",
+                "deepspeed.utils.groups._create_expert_data_and_model_parallel": "6a7ecc8007241108",
+                "deepspeed.utils.groups._create_zero_param_parallel_group": "9de72f71be0a0492",
+                "deepspeed.utils.groups._ensure_divisibility": "0de053d4b5bf1b33",
+                "deepspeed.utils.groups._get_expert_parallel_ranks": "d78c0f3764cd870a",
+                "deepspeed.utils.groups._init_tp_groups_with_new_group": "8a1c1cf4c549ceb9",
             }
         ),
     },

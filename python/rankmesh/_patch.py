@@ -212,7 +212,7 @@ def _hashes_reason(paths: tuple[str, ...], fns: list[Any], known: dict[str, str]
 #: (rankmesh's writes to c10d's registry) and ``rank_tables`` (its lazy rank tables there).
 SWITCHES = frozenset(
     "concatenate spmd_axis_le torchtitan megatron megatron_fsdp init_process_groups init_device_mesh fast_groups "
-    "rank_tables deepspeed_topology deepspeed_grid".split()
+    "rank_tables deepspeed_topology deepspeed_grid deepspeed_groups".split()
 )
 _disabled: list[frozenset[str]] = []  # read from the environment once per process
 

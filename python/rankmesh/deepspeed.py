@@ -348,30 +348,232 @@ def _groups(grid: Any, shape: _Shape) -> None:
     rank, world, lay = grid.global_rank, grid.world_size, shape.layout
     model_axes = tuple(a for a in shape.axes if a != "data")  # every rank with my data coordinate
     ds_model = lay[model_axes].flatten("ds_model")
-    # DeepSpeed's groups are real groups, one-rank ones too; one builder: the same order on every rank
+    # DeepSpeed's groups are real groups, one-rank ones too; each its own (a tag: never the default
+    # group, nor shared, as DeepSpeed destroys them one by one); one builder: the same order on every rank
     builder = MeshBuilder(lay.world_layout(), size_one_fake=False)
-    grid.ds_model_proc_group = builder.process_group(ds_model, 0)
+    grid.ds_model_proc_group = builder.process_group(ds_model, 0, tag="deepspeed ds_model")
     members = ds_model.group(rank, 0).tolist()
     grid.ds_model_world_size = len(members)
     grid.ds_model_rank = members.index(rank)
     grid.dp_group = shape.along(rank, "data")
     grid.dp_groups = shape.comm_lists("data")
-    grid.dp_proc_group = builder.process_group(lay, "data")
+    grid.dp_proc_group = builder.process_group(lay, "data", tag="deepspeed dp")
     grid.is_first_stage = grid.stage_id == 0
     grid.is_last_stage = grid.stage_id == (grid.pipe_parallel_size - 1)
     grid.p2p_groups = shape.p2p()
     grid.pp_group = shape.along(rank, "pipe")
     grid.pipe_groups = shape.comm_lists("pipe")
-    grid.pp_proc_group = builder.process_group(lay, "pipe")
+    grid.pp_proc_group = builder.process_group(lay, "pipe", tag="deepspeed pp")
     if grid.model_parallel_size == 1:
         ones = MeshLayout.world(world).unflatten(0, (world, 1), ("world", "slice"))
         grid.slice_group = [rank]
-        grid.slice_proc_group = builder.process_group(ones, "slice")
+        grid.slice_proc_group = builder.process_group(ones, "slice", tag="deepspeed slice")
         return
     grid.mp_group = []
     grid.model_groups = shape.comm_lists("model")
     grid.slice_group = shape.along(rank, "model")
-    grid.slice_proc_group = builder.process_group(lay, "model")
+    grid.slice_proc_group = builder.process_group(lay, "model", tag="deepspeed slice")
+
+
+# -- deepspeed.utils.groups -------------------------------------------------------------------------
+
+_G = "deepspeed.utils.groups"
+
+#: What the groups patch reproduces: each loop it replaces, the helpers they call.
+GROUPS_CODE = Gate(
+    "deepspeed",
+    [
+        *(
+            f"{_G}.{name}"
+            for name in (
+                "_init_tp_groups_with_new_group",
+                "_create_zero_param_parallel_group",
+                "_create_expert_and_data_parallel",
+                "_create_expert_data_and_model_parallel",
+                "_get_expert_parallel_ranks",
+                "_ensure_divisibility",
+            )
+        ),
+        "deepspeed.comm.comm.new_group",
+        "deepspeed.comm.torch.TorchBackend.new_group",
+    ],
+    reader="this patch",
+)
+
+
+def _comm_reason(dist: Any) -> str | None:
+    """Why rankmesh cannot create DeepSpeed's groups here (its own code runs), or None:
+    ``deepspeed.comm.new_group`` replaced (DeepSpeed's tests record the calls), another
+    communication backend, no torch world."""
+    import torch.distributed as torch_dist
+    from deepspeed.comm import comm as ds_comm
+    from deepspeed.comm.torch import TorchBackend
+
+    if dist.__dict__.get("new_group") is not ds_comm.new_group:
+        return "deepspeed.comm.new_group is not DeepSpeed's own"
+    cdb = ds_comm.cdb
+    if not isinstance(cdb, TorchBackend) or type(cdb).new_group is not TorchBackend.new_group:
+        return f"DeepSpeed's communication backend is {type(cdb).__name__}, not its TorchBackend"
+    if not torch_dist.is_initialized():
+        return "torch.distributed is not initialised"
+    return None
+
+
+class _Groups:
+    """This rank's groups of one world layout, real ones (one-rank groups too), made in call order."""
+
+    def __init__(self, sizes: Sequence[int], names: Sequence[str]) -> None:
+        from rankmesh.process_groups import MeshBuilder
+
+        self.shape = _Shape(names, sizes)
+        self.layout = self.shape.layout
+        self.builder = MeshBuilder(self.layout.world_layout(), size_one_fake=False)
+        self.rank = self.builder.rank
+
+    def group(self, dim: str, name: str) -> Any:
+        """This rank's group of ``dim``, for DeepSpeed's global ``name``: a group of its own (a tag:
+        never the default group, nor shared with another global, as DeepSpeed's new_group makes it;
+        DeepSpeed compares and destroys them one by one)."""
+        return self.builder.process_group(self.layout, dim, tag=f"deepspeed {name}")
+
+    def ranks(self, dim: str) -> list[int]:
+        return self.layout.group(self.rank, dim).tolist()
+
+    def range(self, dim: str) -> range:
+        """This rank's group as the ``range`` DeepSpeed's loop made it."""
+        found = self.layout.group_slice(self.rank, dim)
+        assert found is not None and found.as_range() is not None
+        return found.as_range()
+
+
+def _make_init_tp(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _init_tp_groups_with_new_group(tensor_model_parallel_size=1, data_parallel_size=None):  # noqa: ANN001, ANN202
+        g = sys.modules[_G]
+        if _comm_reason(g.dist) is not None:
+            return original(tensor_model_parallel_size, data_parallel_size)
+        world_size = g.dist.get_world_size()  # DeepSpeed's checks, messages and order
+        g._ensure_divisibility(world_size, tensor_model_parallel_size)
+        if data_parallel_size is None:
+            data_parallel_size = world_size // tensor_model_parallel_size
+        else:
+            assert data_parallel_size * tensor_model_parallel_size == world_size, (
+                f"data_parallel_size ({data_parallel_size}) * tensor_model_parallel_size "
+                f"({tensor_model_parallel_size}) must equal world_size ({world_size})"
+            )
+        made = _Groups((data_parallel_size, tensor_model_parallel_size), ("dp", "tp"))
+        g._DATA_PARALLEL_GROUP = made.group(
+            "dp", "_DATA_PARALLEL_GROUP"
+        )  # DeepSpeed's order: every dp group, then every tp group
+        g._TENSOR_MODEL_PARALLEL_GROUP = made.group("tp", "_TENSOR_MODEL_PARALLEL_GROUP")
+        g._MODEL_PARALLEL_GROUP = g._TENSOR_MODEL_PARALLEL_GROUP
+        return g._DATA_PARALLEL_GROUP, g._MODEL_PARALLEL_GROUP
+
+    _init_tp_groups_with_new_group.__doc__ = original.__doc__
+    return _init_tp_groups_with_new_group
+
+
+def _make_zero_param(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _create_zero_param_parallel_group(group_size):  # noqa: ANN001, ANN202
+        g = sys.modules[_G]
+        if _comm_reason(g.dist) is not None:
+            return original(group_size)
+        assert g.dist.is_initialized()
+        assert g._ZERO_PARAM_INTRA_PARALLEL_GROUP is None, "ZeRO parameter intra parallel group is already initialized"
+        world_size = g.dist.get_world_size()
+        size = min(group_size, world_size)
+        g._ensure_divisibility(world_size, size)
+        g._ZERO_PARAM_INTRA_PARALLEL_GROUP = _Groups((world_size // size, size), ("n", "zp")).group(
+            "zp", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"
+        )
+
+    _create_zero_param_parallel_group.__doc__ = original.__doc__
+    return _create_zero_param_parallel_group
+
+
+def _log_each(g: Any, text: str, made: _Groups, dim: str) -> None:
+    """DeepSpeed's line per group of ``dim``, in its order, which it logs on rank 0 only: rank 0
+    still writes them all (O(W) there, as DeepSpeed's log is)."""
+    if g.dist.get_rank() == 0:
+        for ranks in made.shape.comm_lists(dim):
+            g.log_dist(text.format(ranks), [0])
+
+
+def _make_expert_and_data(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _create_expert_and_data_parallel(  # noqa: ANN202
+        expert_parallel_size_,  # noqa: ANN001
+        mp_size=None,  # noqa: ANN001
+        pp_size=None,  # noqa: ANN001
+        mp_mode="tp",  # noqa: ANN001
+        use_data_before_expert_parallel_=False,  # noqa: ANN001
+        folding_spec=None,  # noqa: ANN001
+    ):
+        g = sys.modules[_G]
+        args = (expert_parallel_size_, mp_size, pp_size, mp_mode, use_data_before_expert_parallel_, folding_spec)
+        if (1 if mp_size is None else mp_size) > 1 or _comm_reason(g.dist) is not None:
+            return original(*args)  # the mp_size > 1 paths (TP-strided, folding tables) are DeepSpeed's
+        assert g.dist.is_initialized()
+        e = expert_parallel_size_
+        g.log_dist(f"Creating expert and data parallel groups with size {e}", ranks=[0])
+        world_size = g.dist.get_world_size()
+        pp = pp_size if pp_size is not None else (1 if g.mpu is None else g.bwc_pipeline_parallel_world_size(g.mpu))
+        per_stage = world_size // pp
+        g._ensure_divisibility(per_stage, e)
+        name = f"ep_size_{e}"
+        # a stage of the pipeline is (edp, ep) ranks, ep fastest (E + D), or (ep, edp) (D + E)
+        if use_data_before_expert_parallel_:
+            made = _Groups((pp, e, per_stage // e), ("pp", "ep", "edp"))
+        else:
+            made = _Groups((pp, per_stage // e, e), ("pp", "edp", "ep"))
+        if name not in g._EXPERT_DATA_PARALLEL_GROUP:
+            _log_each(g, f"Creating expert data parallel process group named {name} with ranks: {{}}", made, "edp")
+            g._EXPERT_DATA_PARALLEL_GROUP[name] = made.group("edp", f"_EXPERT_DATA_PARALLEL_GROUP {name}")
+            g._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = made.range("edp")
+        if name not in g._EXPERT_PARALLEL_GROUP:
+            _log_each(g, f"creating expert parallel process group named {name} with ranks: {{}}", made, "ep")
+            g._EXPERT_PARALLEL_GROUP[name] = made.group("ep", f"_EXPERT_PARALLEL_GROUP {name}")
+            g._EXPERT_PARALLEL_GROUP_RANKS[name] = made.range("ep")
+
+    _create_expert_and_data_parallel.__doc__ = original.__doc__
+    return _create_expert_and_data_parallel
+
+
+def _make_expert_data_and_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _create_expert_data_and_model_parallel(expert_parallel_size_, mpu, use_data_before_expert_parallel_=False):  # noqa: ANN001, ANN202
+        g = sys.modules[_G]
+        if use_data_before_expert_parallel_ or _comm_reason(g.dist) is not None:
+            return original(expert_parallel_size_, mpu, use_data_before_expert_parallel_)  # D + E: DeepSpeed's
+        assert g.dist.is_initialized(), "dist is not initialized"
+        tp = g.bwc_tensor_model_parallel_world_size(mpu)
+        g.expert_tensor_parallel_world_size = tp
+        world_size = g.dist.get_world_size()
+        dp_world_size = g._get_data_parallel_world_size()
+        pp = 1 if mpu is None else g.bwc_pipeline_parallel_world_size(mpu)
+        g._ensure_divisibility(world_size, tp)
+        g._ensure_divisibility(dp_world_size, expert_parallel_size_)
+        g.log_dist(
+            f"Creating deepspeed groups with model parallel size {tp}, "
+            f"pipeline parallel size {pp}, expert parallel size {expert_parallel_size_}, "
+            f"world size {world_size}, dp world size {dp_world_size}",
+            [0],
+        )
+        name = f"ep_size_{expert_parallel_size_}"
+        if name in g._EXPERT_DATA_PARALLEL_GROUP or name in g._EXPERT_PARALLEL_GROUP:
+            return
+        g._ensure_divisibility(world_size, tp * pp)  # _get_expert_parallel_ranks' checks
+        per_stage_dp = world_size // (tp * pp)
+        g._ensure_divisibility(per_stage_dp, expert_parallel_size_)
+        # a stage is (dp, tp), tp fastest; its dp lists cut into chunks of E: (edp, ep, tp)
+        sizes = (pp, per_stage_dp // expert_parallel_size_, expert_parallel_size_, tp)
+        made = _Groups(sizes, ("pp", "edp", "ep", "tp"))
+        g._EXPERT_PARALLEL_GROUP[name] = made.group(
+            "ep", f"_EXPERT_PARALLEL_GROUP {name}"
+        )  # DeepSpeed's order: every ep group, then edp
+        g._EXPERT_PARALLEL_GROUP_RANKS[name] = made.ranks("ep")
+        g._EXPERT_DATA_PARALLEL_GROUP[name] = made.group("edp", f"_EXPERT_DATA_PARALLEL_GROUP {name}")
+        g._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = made.ranks("edp")
+
+    _create_expert_data_and_model_parallel.__doc__ = original.__doc__
+    return _create_expert_data_and_model_parallel
 
 
 #: ``ProcessTopology`` without W entries (listed in :mod:`rankmesh.patches`).
@@ -399,4 +601,21 @@ GRID = Patch(
     gate=GRID_CODE,
 )
 
-PATCHES = (TOPOLOGY, GRID)
+#: ``deepspeed.utils.groups``' loops over every group of the world, this rank's groups only.
+GROUPS = Patch(
+    "deepspeed_groups",
+    _G,
+    "_create_expert_and_data_parallel",
+    _make_expert_and_data,
+    also={
+        "_create_expert_data_and_model_parallel": _make_expert_data_and_model,
+        "_create_zero_param_parallel_group": _make_zero_param,
+        "_init_tp_groups_with_new_group": _make_init_tp,
+    },
+    why="deepspeed.utils.groups calls new_group for every expert, expert-data, ZeRO++ and TP/DP group of the "
+    "world on every rank; rankmesh's creates this rank's, with the same globals set",
+    detail="(the four group loops and the helpers they call, by body)",
+    gate=GROUPS_CODE,
+)
+
+PATCHES = (TOPOLOGY, GRID, GROUPS)

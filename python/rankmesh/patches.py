@@ -15,8 +15,8 @@ versions and which exact function bodies it recognises, whether it is installed,
 
     >>> import rankmesh.patches as patches
     >>> sorted(patches.REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['concatenate', 'deepspeed_grid', 'deepspeed_topology', 'init_device_mesh', 'init_process_groups',
-     'megatron', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
+    ['concatenate', 'deepspeed_grid', 'deepspeed_groups', 'deepspeed_topology', 'init_device_mesh',
+     'init_process_groups', 'megatron', 'megatron_fsdp', 'spmd_axis_le', 'torchtitan']
     >>> p = patches.get("concatenate")
     >>> p.target, p.installed in (True, False)
     ('torch.distributed.device_mesh.DeviceMesh._concatenate', True)

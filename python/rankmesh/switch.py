@@ -15,6 +15,7 @@ module imported                                        patches installed
 ``megatron.core.parallel_state``                       ``megatron``
 ``megatron.core.distributed.fsdp.mcore_fsdp_adapter``  ``megatron_fsdp``
 ``deepspeed.runtime.pipe.topology``                    ``deepspeed_topology``, ``deepspeed_grid``
+``deepspeed.utils.groups``                             ``deepspeed_groups``
 =====================================================  =========================================
 
 Each patch is gated as always, by the release of its dependency and the bodies of the functions
@@ -61,6 +62,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "megatron.core.parallel_state": ("rankmesh.megatron.route:PATCH",),
     "megatron.core.distributed.fsdp.mcore_fsdp_adapter": ("rankmesh.megatron.fsdp:PATCH",),
     "deepspeed.runtime.pipe.topology": ("rankmesh.deepspeed:TOPOLOGY", "rankmesh.deepspeed:GRID"),
+    "deepspeed.utils.groups": ("rankmesh.deepspeed:GROUPS",),
 }
 
 _log = logging.getLogger("rankmesh")
