@@ -548,18 +548,20 @@ def _deepspeed_cfg(rng: random.Random, world: int) -> dict:
     while True:  # DeepSpeed's grid needs a pipe and a data axis
         cfg = deepspeed_pipe.draw(rng, world)
         if cfg["kind"] != "custom" or {"pipe", "data"} <= set(cfg["axes"]):
-            return cfg
+            return {"grid": cfg, "groups": deepspeed_pipe.draw_groups(rng, world)}
 
 
 def road_deepspeed_pipe(world: int, rank: int, cfg: dict) -> None:
-    """DeepSpeed 0.19's own ``PipelineParallelGrid`` (as ``PipelineModule`` builds it) under the one switch."""
+    """DeepSpeed 0.19's own ``PipelineParallelGrid`` (as ``PipelineModule`` builds it), then the loops of
+    ``deepspeed.utils.groups`` (TP/DP, ZeRO++, both expert layouts), under the one switch."""
     from rankmesh import patches
 
     from tests import deepspeed_pipe
 
-    assert patches.get("deepspeed_grid").installed  # else this road checks DeepSpeed's own loops
+    assert patches.get("deepspeed_grid").installed and patches.get("deepspeed_groups").installed
     deepspeed_pipe.ds_comm_init()
-    deepspeed_pipe.build(cfg)
+    deepspeed_pipe.build(cfg["grid"])
+    deepspeed_pipe.run_groups(cfg["groups"])
 
 
 def _recovery_cfg(rng: random.Random, world: int) -> dict:
@@ -648,7 +650,7 @@ ROADS: dict[str, Road] = {
         _deepspeed_cfg,
         needs="deepspeed.runtime.pipe.topology",
         switch=True,
-        setup=lambda: __import__("deepspeed.runtime.pipe.topology"),
+        setup=lambda: __import__("deepspeed.runtime.pipe.topology") and __import__("deepspeed.utils.groups"),
     ),
 }
 
