@@ -4,6 +4,7 @@ test whose outcome (passed, skipped, failed, error) differs. Exit status 1 iff a
 
     python scripts/junit_compare.py OUT test/a.py test/b.py
 """
+
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -19,7 +20,8 @@ def outcomes(path):
     for case in ET.parse(path).iter("testcase"):
         key = f"{case.get('classname')}::{case.get('name')}"
         tags = {child.tag for child in case}
-        now = next((o for t, o in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")) if t in tags), "passed")
+        marks = (("error", "error"), ("failure", "failed"), ("skipped", "skipped"))
+        now = next((o for t, o in marks if t in tags), "passed")
         # pytest can report a test twice (a failure, then an error in teardown): keep the worst
         found[key] = max(found.get(key, now), now, key=RANK.get)
     return found

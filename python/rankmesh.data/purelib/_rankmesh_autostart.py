@@ -15,9 +15,9 @@ every other import while it waits).
 
 Nothing is imported here. A meta-path finder waits for each module in :data:`TARGETS` (torch's
 ``device_mesh``, torchtitan's ``parallel_dims``, spmd_types' ``_mesh_axis``, megatron-core's
-``parallel_state``, Megatron-FSDP's adapter, DeepSpeed's ``groups`` and pipeline ``topology``) and, the moment
-that module has run and before anything else can bind its names, installs the patches that belong to it
-(:func:`rankmesh.switch.on_import`): ``torch.distributed``'s own ``from .device_mesh import
+``parallel_state``, Megatron-FSDP's adapter, DeepSpeed's pipeline ``topology`` and ``groups``)
+and, the moment that module has run and before anything else can bind its names, installs the
+patches that belong to it (:func:`rankmesh.switch.on_import`): ``torch.distributed``'s own ``from .device_mesh import
 init_device_mesh`` then already gets rankmesh's, and so does every framework imported later.
 Launchers pass the environment on, so one variable reaches every rank that ``torchrun``,
 ``torch.multiprocessing``, ``mpirun`` or Slurm's ``srun`` starts; Ray workers get it through the
@@ -43,8 +43,8 @@ TARGETS: tuple[str, ...] = (
     "torchtitan.distributed.parallel_dims",
     "megatron.core.parallel_state",
     "megatron.core.distributed.fsdp.mcore_fsdp_adapter",
-    "deepspeed.utils.groups",
     "deepspeed.runtime.pipe.topology",
+    "deepspeed.utils.groups",
 )
 
 _ON = frozenset({"1", "true", "yes", "on"})
