@@ -308,3 +308,21 @@ def test_bad_sizes_raise_deepspeeds_own_errors_both_ways():
                 dp.ds_comm_init()
                 got.append(dp.run_groups([call]))
         assert got[1] == got[0] and got[0][call[0]].startswith("AssertionError"), (call, got)
+
+
+def test_deepspeeds_group_loops_at_2_17_answer_as_its_own():
+    """ep 8 (both layouts), ZeRO++ hpZ 8, AutoTP's tp 8 and the expert+model groups at 131,072 ranks."""
+    world, rank = 2**17, 2**16 + 3
+    calls = [
+        ("_init_tp_groups_with_new_group", {"tensor_model_parallel_size": 8}),
+        ("_create_zero_param_parallel_group", {"group_size": 8}),
+        ("_create_expert_and_data_parallel", {"expert_parallel_size_": 8, "pp_size": 4}),
+        ("_create_expert_and_data_parallel", {"expert_parallel_size_": 16, "use_data_before_expert_parallel_": True}),
+        ("_create_expert_data_and_model_parallel", {"expert_parallel_size_": 32, "mpu": (8, 4)}),
+    ]
+    got = []
+    for on in (False, True):
+        with fake_world(world, rank), dp.patched(on):
+            dp.ds_comm_init()
+            got.append(dp.run_groups(calls))
+    assert got[1] == got[0] and set(got[0]["_EXPERT_PARALLEL_GROUP"]) == {"ep_size_8", "ep_size_16", "ep_size_32"}
