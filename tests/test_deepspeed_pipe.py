@@ -200,10 +200,16 @@ def test_a_recorded_new_group_or_a_subclassed_topology_runs_deepspeeds_own_grid(
         calls.append(list(ranks))
         return real(ranks)
 
+    from rankmesh import _once
+
+    _once.forget("deepspeed")
     with fake_world(16, 5), dp.patched(True):
         dp.ds_comm_init()
         monkeypatch.setattr(ds_comm, "new_group", recording)
-        grid = dp.build({"kind": "pmd", "num_pp": 2, "num_mp": 2, "num_dp": 4})
+        with pytest.warns(
+            RuntimeWarning, match="PipelineParallelGrid: deepspeed.comm.new_group is not DeepSpeed's own"
+        ):
+            grid = dp.build({"kind": "pmd", "num_pp": 2, "num_mp": 2, "num_dp": 4})
         assert len(calls) == 4 + 4 + 8 + 8 and grid.slice_group == [4, 5]
         monkeypatch.setattr(ds_comm, "new_group", real)
 

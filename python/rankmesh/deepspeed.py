@@ -46,6 +46,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from rankmesh._once import warn_once
 from rankmesh._patch import Gate, Patch
 
 __all__ = ["GRID", "PATCHES", "TOPOLOGY"]
@@ -279,19 +280,39 @@ class _Shape:
         return Lists(self.layout.world_size, item)
 
 
-def _grid_reason(t: Any, topology: Any) -> str | None:
-    """Why rankmesh cannot build this grid (DeepSpeed's own ``__init__`` runs), or None."""
+def _comm_reason(dist: Any) -> str | None:
+    """Why rankmesh cannot create DeepSpeed's groups here (its own code runs), or None:
+    ``deepspeed.comm.new_group`` replaced (DeepSpeed's tests record the calls), another
+    communication backend, no torch world."""
     import torch.distributed as torch_dist
     from deepspeed.comm import comm as ds_comm
     from deepspeed.comm.torch import TorchBackend
 
-    if t.dist.__dict__.get("new_group") is not ds_comm.new_group:
+    if dist.__dict__.get("new_group") is not ds_comm.new_group:
         return "deepspeed.comm.new_group is not DeepSpeed's own"
     cdb = ds_comm.cdb
     if not isinstance(cdb, TorchBackend) or type(cdb).new_group is not TorchBackend.new_group:
         return f"DeepSpeed's communication backend is {type(cdb).__name__}, not its TorchBackend"
     if not torch_dist.is_initialized():
         return "torch.distributed is not initialised"
+    return None
+
+
+def _own_code(what: str, reason: str) -> None:
+    """The one warning when a call runs DeepSpeed's own code at run time (per call site and reason)."""
+    warn_once(
+        ("deepspeed", what, reason),
+        f"rankmesh: {what}: {reason}, so DeepSpeed's own code runs (every group of the world on every rank, "
+        "as without rankmesh)",
+        stacklevel=4,
+    )
+
+
+def _grid_reason(t: Any, topology: Any) -> str | None:
+    """Why rankmesh cannot build this grid (DeepSpeed's own ``__init__`` runs), or None."""
+    reason = _comm_reason(t.dist)
+    if reason is not None:
+        return reason
     if topology is None:
         return None
     base = t.ProcessTopology
@@ -309,7 +330,9 @@ def _grid_reason(t: Any, topology: Any) -> str | None:
 def _make_grid_init(original: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self, topology=None, process_group=None):  # noqa: ANN001, ANN202, N807
         t = sys.modules[_T]
-        if _grid_reason(t, topology) is not None:
+        reason = _grid_reason(t, topology)
+        if reason is not None:
+            _own_code("PipelineParallelGrid", reason)
             return original(self, topology, process_group)
         # DeepSpeed's own steps up to the groups, in its order (its messages and errors)
         self.global_rank = t.dist.get_rank()
@@ -401,24 +424,6 @@ GROUPS_CODE = Gate(
 )
 
 
-def _comm_reason(dist: Any) -> str | None:
-    """Why rankmesh cannot create DeepSpeed's groups here (its own code runs), or None:
-    ``deepspeed.comm.new_group`` replaced (DeepSpeed's tests record the calls), another
-    communication backend, no torch world."""
-    import torch.distributed as torch_dist
-    from deepspeed.comm import comm as ds_comm
-    from deepspeed.comm.torch import TorchBackend
-
-    if dist.__dict__.get("new_group") is not ds_comm.new_group:
-        return "deepspeed.comm.new_group is not DeepSpeed's own"
-    cdb = ds_comm.cdb
-    if not isinstance(cdb, TorchBackend) or type(cdb).new_group is not TorchBackend.new_group:
-        return f"DeepSpeed's communication backend is {type(cdb).__name__}, not its TorchBackend"
-    if not torch_dist.is_initialized():
-        return "torch.distributed is not initialised"
-    return None
-
-
 class _Groups:
     """This rank's groups of one world layout, real ones (one-rank groups too), made in call order."""
 
@@ -449,7 +454,9 @@ class _Groups:
 def _make_init_tp(original: Callable[..., Any]) -> Callable[..., Any]:
     def _init_tp_groups_with_new_group(tensor_model_parallel_size=1, data_parallel_size=None):  # noqa: ANN001, ANN202
         g = sys.modules[_G]
-        if _comm_reason(g.dist) is not None:
+        reason = _comm_reason(g.dist)
+        if reason is not None:
+            _own_code("_init_tp_groups_with_new_group", reason)
             return original(tensor_model_parallel_size, data_parallel_size)
         world_size = g.dist.get_world_size()  # DeepSpeed's checks, messages and order
         g._ensure_divisibility(world_size, tensor_model_parallel_size)
@@ -475,7 +482,9 @@ def _make_init_tp(original: Callable[..., Any]) -> Callable[..., Any]:
 def _make_zero_param(original: Callable[..., Any]) -> Callable[..., Any]:
     def _create_zero_param_parallel_group(group_size):  # noqa: ANN001, ANN202
         g = sys.modules[_G]
-        if _comm_reason(g.dist) is not None:
+        reason = _comm_reason(g.dist)
+        if reason is not None:
+            _own_code("_create_zero_param_parallel_group", reason)
             return original(group_size)
         assert g.dist.is_initialized()
         assert g._ZERO_PARAM_INTRA_PARALLEL_GROUP is None, "ZeRO parameter intra parallel group is already initialized"
@@ -509,8 +518,12 @@ def _make_expert_and_data(original: Callable[..., Any]) -> Callable[..., Any]:
     ):
         g = sys.modules[_G]
         args = (expert_parallel_size_, mp_size, pp_size, mp_mode, use_data_before_expert_parallel_, folding_spec)
-        if (1 if mp_size is None else mp_size) > 1 or _comm_reason(g.dist) is not None:
-            return original(*args)  # the mp_size > 1 paths (TP-strided, folding tables) are DeepSpeed's
+        reason = _comm_reason(g.dist)
+        if reason is None and (1 if mp_size is None else mp_size) > 1:
+            reason = f"mp_size={mp_size} (AutoEP's TP-strided, sp and folding layouts) is not modelled"
+        if reason is not None:
+            _own_code("_create_expert_and_data_parallel", reason)
+            return original(*args)
         assert g.dist.is_initialized()
         e = expert_parallel_size_
         g.log_dist(f"Creating expert and data parallel groups with size {e}", ranks=[0])
@@ -540,8 +553,12 @@ def _make_expert_and_data(original: Callable[..., Any]) -> Callable[..., Any]:
 def _make_expert_data_and_model(original: Callable[..., Any]) -> Callable[..., Any]:
     def _create_expert_data_and_model_parallel(expert_parallel_size_, mpu, use_data_before_expert_parallel_=False):  # noqa: ANN001, ANN202
         g = sys.modules[_G]
-        if use_data_before_expert_parallel_ or _comm_reason(g.dist) is not None:
-            return original(expert_parallel_size_, mpu, use_data_before_expert_parallel_)  # D + E: DeepSpeed's
+        reason = _comm_reason(g.dist)
+        if reason is None and use_data_before_expert_parallel_:
+            reason = "use_data_before_expert_parallel_ (D + E) is not modelled"
+        if reason is not None:
+            _own_code("_create_expert_data_and_model_parallel", reason)
+            return original(expert_parallel_size_, mpu, use_data_before_expert_parallel_)
         assert g.dist.is_initialized(), "dist is not initialized"
         tp = g.bwc_tensor_model_parallel_world_size(mpu)
         g.expert_tensor_parallel_world_size = tp
