@@ -424,6 +424,12 @@ GROUPS_CODE = Gate(
 )
 
 
+def _odd(world: int, *sizes: Any) -> bool:
+    """Sizes DeepSpeed's loops do not expect (not positive ints, or not dividing the world): its
+    own code runs, with its own error or result."""
+    return not all(type(n) is int and n > 0 and world % n == 0 for n in sizes)
+
+
 class _Groups:
     """This rank's groups of one world layout, real ones (one-rank groups too), made in call order."""
 
@@ -459,6 +465,8 @@ def _make_init_tp(original: Callable[..., Any]) -> Callable[..., Any]:
             _own_code("_init_tp_groups_with_new_group", reason)
             return original(tensor_model_parallel_size, data_parallel_size)
         world_size = g.dist.get_world_size()  # DeepSpeed's checks, messages and order
+        if _odd(world_size, tensor_model_parallel_size, *([] if data_parallel_size is None else [data_parallel_size])):
+            return original(tensor_model_parallel_size, data_parallel_size)
         g._ensure_divisibility(world_size, tensor_model_parallel_size)
         if data_parallel_size is None:
             data_parallel_size = world_size // tensor_model_parallel_size
@@ -486,9 +494,11 @@ def _make_zero_param(original: Callable[..., Any]) -> Callable[..., Any]:
         if reason is not None:
             _own_code("_create_zero_param_parallel_group", reason)
             return original(group_size)
+        world_size = g.dist.get_world_size()
+        if type(group_size) is not int or _odd(world_size, min(group_size, world_size)):
+            return original(group_size)
         assert g.dist.is_initialized()
         assert g._ZERO_PARAM_INTRA_PARALLEL_GROUP is None, "ZeRO parameter intra parallel group is already initialized"
-        world_size = g.dist.get_world_size()
         size = min(group_size, world_size)
         g._ensure_divisibility(world_size, size)
         g._ZERO_PARAM_INTRA_PARALLEL_GROUP = _Groups((world_size // size, size), ("n", "zp")).group(
@@ -524,11 +534,13 @@ def _make_expert_and_data(original: Callable[..., Any]) -> Callable[..., Any]:
         if reason is not None:
             _own_code("_create_expert_and_data_parallel", reason)
             return original(*args)
-        assert g.dist.is_initialized()
         e = expert_parallel_size_
-        g.log_dist(f"Creating expert and data parallel groups with size {e}", ranks=[0])
         world_size = g.dist.get_world_size()
         pp = pp_size if pp_size is not None else (1 if g.mpu is None else g.bwc_pipeline_parallel_world_size(g.mpu))
+        if _odd(world_size, pp) or _odd(world_size // pp, e):
+            return original(*args)
+        assert g.dist.is_initialized()
+        g.log_dist(f"Creating expert and data parallel groups with size {e}", ranks=[0])
         per_stage = world_size // pp
         g._ensure_divisibility(per_stage, e)
         name = f"ep_size_{e}"
@@ -559,12 +571,14 @@ def _make_expert_data_and_model(original: Callable[..., Any]) -> Callable[..., A
         if reason is not None:
             _own_code("_create_expert_data_and_model_parallel", reason)
             return original(expert_parallel_size_, mpu, use_data_before_expert_parallel_)
-        assert g.dist.is_initialized(), "dist is not initialized"
         tp = g.bwc_tensor_model_parallel_world_size(mpu)
-        g.expert_tensor_parallel_world_size = tp
-        world_size = g.dist.get_world_size()
-        dp_world_size = g._get_data_parallel_world_size()
         pp = 1 if mpu is None else g.bwc_pipeline_parallel_world_size(mpu)
+        world_size = g.dist.get_world_size()
+        if _odd(world_size, tp, pp, tp * pp) or _odd(world_size // (tp * pp), expert_parallel_size_):
+            return original(expert_parallel_size_, mpu, use_data_before_expert_parallel_)
+        assert g.dist.is_initialized(), "dist is not initialized"
+        g.expert_tensor_parallel_world_size = tp
+        dp_world_size = g._get_data_parallel_world_size()
         g._ensure_divisibility(world_size, tp)
         g._ensure_divisibility(dp_world_size, expert_parallel_size_)
         g.log_dist(
