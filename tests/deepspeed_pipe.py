@@ -139,6 +139,9 @@ def patched(on: bool) -> Iterator[None]:
     finally:
         for p in rds.PATCHES:
             p.restore()
+        from deepspeed.utils import groups
+
+        groups._release_process_group_references()  # no group of this world left in DeepSpeed's globals
 
 
 # -- deepspeed.utils.groups ------------------------------------------------------------------------
