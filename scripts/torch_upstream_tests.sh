@@ -51,15 +51,4 @@ for f in "${FILES[@]}"; do
   git -C "$REPO" show "$COMMIT:$f" > "$TMP/src/$f"
 done
 cd "$TMP/src"
-for f in "${FILES[@]}"; do
-  name=$(basename "$f" .py)
-  for mode in stock patched; do
-    flag=0
-    [ "$mode" = patched ] && flag=1
-    start=$SECONDS
-    RANKMESH_ACCELERATE=$flag "$PY" -m pytest -q -p no:cacheprovider "$f" \
-      --junitxml="$OUT/$name-$mode.xml" > "$OUT/$name-$mode.log" 2>&1 || true
-    echo "$name $mode: $((SECONDS - start)) s, $(tail -n 1 "$OUT/$name-$mode.log")"
-  done
-done
-"$PY" "$ROOT/scripts/junit_compare.py" "$OUT" "${FILES[@]}"
+bash "$ROOT/scripts/run_both_ways.sh" "$PY" "$OUT" "${FILES[@]}"
