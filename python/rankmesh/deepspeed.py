@@ -256,10 +256,6 @@ class _Shape:
         self.axes = list(axes)
         self.layout = MeshLayout.world(math.prod(dims)).unflatten(0, list(dims), self.axes)
 
-    def along(self, rank: int, axis: str) -> list[int]:
-        """The ranks that differ from ``rank`` in ``axis`` only, ascending."""
-        return self.layout.group(rank, axis).tolist()
-
     def comm_lists(self, axis: str) -> Lists:
         """``ProcessTopology.get_axis_comm_lists(axis)``, computed per item: the i-th list starts
         at the i-th rank of the other axes (row-major), and runs along ``axis``."""
@@ -278,6 +274,34 @@ class _Shape:
             return [r, int(ranks[(self.layout.coordinate_of(r)[pipe] + 1) % len(ranks)])]
 
         return Lists(self.layout.world_size, item)
+
+
+class _Groups:
+    """This rank's groups of one world layout, real ones (one-rank groups too), made in call order."""
+
+    def __init__(self, sizes: Sequence[int], names: Sequence[str]) -> None:
+        from rankmesh.process_groups import MeshBuilder
+
+        self.shape = _Shape(names, sizes)
+        self.layout = self.shape.layout
+        self.builder = MeshBuilder(self.layout.world_layout(), size_one_fake=False)
+        self.rank = self.builder.rank
+
+    def group(self, dim: str | int, name: str, layout: Any = None) -> Any:
+        """This rank's group of ``dim`` (of :attr:`layout`, or of ``layout``, a layout of the same
+        world), for DeepSpeed's ``name``: a group of its own (a tag: never the default group, nor
+        shared with another, as DeepSpeed's new_group makes it; DeepSpeed compares and destroys
+        them one by one)."""
+        return self.builder.process_group(self.layout if layout is None else layout, dim, tag=f"deepspeed {name}")
+
+    def ranks(self, dim: str) -> list[int]:
+        return self.layout.group(self.rank, dim).tolist()
+
+    def range(self, dim: str) -> range:
+        """This rank's group as the ``range`` DeepSpeed's loop made it."""
+        found = self.layout.group_slice(self.rank, dim)
+        assert found is not None and found.as_range() is not None
+        return found.as_range()
 
 
 def _comm_reason(dist: Any) -> str | None:
@@ -357,45 +381,42 @@ def _make_grid_init(original: Callable[..., Any]) -> Callable[..., Any]:
         assert self._is_grid_valid(), "Invalid Grid"
         self.stage_id = self.get_stage_id()
         self.data_parallel_id = self.get_data_parallel_id()
-        _groups(self, _Shape(self._topo.axes, self._topo.dims))
+        _groups(self, _Groups(self._topo.dims, self._topo.axes))
 
     __init__.__doc__ = original.__doc__
     return __init__
 
 
-def _groups(grid: Any, shape: _Shape) -> None:
-    """The grid's groups, this rank's only, and the attributes DeepSpeed's loops leave set."""
+def _groups(grid: Any, made: _Groups) -> None:
+    """The grid's groups, this rank's only (in DeepSpeed's order, one builder: the same order on
+    every rank), and the attributes DeepSpeed's loops leave set."""
     from rankmesh._native import MeshLayout
-    from rankmesh.process_groups import MeshBuilder
 
-    rank, world, lay = grid.global_rank, grid.world_size, shape.layout
-    model_axes = tuple(a for a in shape.axes if a != "data")  # every rank with my data coordinate
+    rank, world, lay = grid.global_rank, grid.world_size, made.layout
+    model_axes = tuple(a for a in made.shape.axes if a != "data")  # every rank with my data coordinate
     ds_model = lay[model_axes].flatten("ds_model")
-    # DeepSpeed's groups are real groups, one-rank ones too; each its own (a tag: never the default
-    # group, nor shared, as DeepSpeed destroys them one by one); one builder: the same order on every rank
-    builder = MeshBuilder(lay.world_layout(), size_one_fake=False)
-    grid.ds_model_proc_group = builder.process_group(ds_model, 0, tag="deepspeed ds_model")
+    grid.ds_model_proc_group = made.group(0, "ds_model", ds_model)
     members = ds_model.group(rank, 0).tolist()
     grid.ds_model_world_size = len(members)
     grid.ds_model_rank = members.index(rank)
-    grid.dp_group = shape.along(rank, "data")
-    grid.dp_groups = shape.comm_lists("data")
-    grid.dp_proc_group = builder.process_group(lay, "data", tag="deepspeed dp")
+    grid.dp_group = made.ranks("data")
+    grid.dp_groups = made.shape.comm_lists("data")
+    grid.dp_proc_group = made.group("data", "dp")
     grid.is_first_stage = grid.stage_id == 0
     grid.is_last_stage = grid.stage_id == (grid.pipe_parallel_size - 1)
-    grid.p2p_groups = shape.p2p()
-    grid.pp_group = shape.along(rank, "pipe")
-    grid.pipe_groups = shape.comm_lists("pipe")
-    grid.pp_proc_group = builder.process_group(lay, "pipe", tag="deepspeed pp")
-    if grid.model_parallel_size == 1:
+    grid.p2p_groups = made.shape.p2p()
+    grid.pp_group = made.ranks("pipe")
+    grid.pipe_groups = made.shape.comm_lists("pipe")
+    grid.pp_proc_group = made.group("pipe", "pp")
+    if grid.model_parallel_size == 1:  # DeepSpeed's W one-rank groups: real ones, this rank's
         ones = MeshLayout.world(world).unflatten(0, (world, 1), ("world", "slice"))
         grid.slice_group = [rank]
-        grid.slice_proc_group = builder.process_group(ones, "slice", tag="deepspeed slice")
+        grid.slice_proc_group = made.group("slice", "slice", ones)
         return
     grid.mp_group = []
-    grid.model_groups = shape.comm_lists("model")
-    grid.slice_group = shape.along(rank, "model")
-    grid.slice_proc_group = builder.process_group(lay, "model", tag="deepspeed slice")
+    grid.model_groups = made.shape.comm_lists("model")
+    grid.slice_group = made.ranks("model")
+    grid.slice_proc_group = made.group("model", "slice")
 
 
 # -- deepspeed.utils.groups -------------------------------------------------------------------------
@@ -428,33 +449,6 @@ def _odd(world: int, *sizes: Any) -> bool:
     """Sizes DeepSpeed's loops do not expect (not positive ints, or not dividing the world): its
     own code runs, with its own error or result."""
     return not all(type(n) is int and n > 0 and world % n == 0 for n in sizes)
-
-
-class _Groups:
-    """This rank's groups of one world layout, real ones (one-rank groups too), made in call order."""
-
-    def __init__(self, sizes: Sequence[int], names: Sequence[str]) -> None:
-        from rankmesh.process_groups import MeshBuilder
-
-        self.shape = _Shape(names, sizes)
-        self.layout = self.shape.layout
-        self.builder = MeshBuilder(self.layout.world_layout(), size_one_fake=False)
-        self.rank = self.builder.rank
-
-    def group(self, dim: str, name: str) -> Any:
-        """This rank's group of ``dim``, for DeepSpeed's global ``name``: a group of its own (a tag:
-        never the default group, nor shared with another global, as DeepSpeed's new_group makes it;
-        DeepSpeed compares and destroys them one by one)."""
-        return self.builder.process_group(self.layout, dim, tag=f"deepspeed {name}")
-
-    def ranks(self, dim: str) -> list[int]:
-        return self.layout.group(self.rank, dim).tolist()
-
-    def range(self, dim: str) -> range:
-        """This rank's group as the ``range`` DeepSpeed's loop made it."""
-        found = self.layout.group_slice(self.rank, dim)
-        assert found is not None and found.as_range() is not None
-        return found.as_range()
 
 
 def _make_init_tp(original: Callable[..., Any]) -> Callable[..., Any]:
